@@ -1,0 +1,47 @@
+"""Backend selection, Hypothesis profiles and the ``gpu`` marker for the whole test suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        choices=("auto", "cuda", "interpreter"),
+        default=None,
+        help="where kernels run (default: $TRITONCHECK_BACKEND, else cuda if available, else interpreter)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    chosen = config.getoption("--backend")
+    if chosen:
+        os.environ["TRITONCHECK_BACKEND"] = chosen
+    from ops import backend  # only now: the backend must be fixed before any kernel is defined
+    from verify import profiles
+
+    profiles.load(backend.name())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from hypothesis import settings
+
+    from ops import backend
+
+    return f"tritoncheck backend: {backend.name()}, hypothesis profile: {settings._current_profile}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from ops import backend
+
+    if backend.name() == "cuda":
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (compiled Triton); this run uses the interpreter")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

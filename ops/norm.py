@@ -1,0 +1,116 @@
+"""RMSNorm, and residual add fused into RMSNorm (article ops 1, 11+12, 20, qk-norm).
+
+One program normalizes one row held whole in registers: the hidden sizes of these models
+(<= 8192) fit, and a single pass reads each element once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops import validate
+
+MAX_N = 32768  # one row lives in registers; larger rows would spill badly
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, N, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    y = x * inv_rms * w
+    tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, y_ptr, sum_ptr, stride_x, stride_r, N, eps, BLOCK_N: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+    # The sum is an output in the input dtype; normalize the rounded value, as the unfused ops would.
+    total = (x + r).to(sum_ptr.dtype.element_ty)
+    tl.store(sum_ptr + row * N + cols, total, mask=mask)
+    s = total.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + eps)
+    tl.store(y_ptr + row * N + cols, (s * inv_rms * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_config(n: int) -> tuple[int, int]:
+    block = triton.next_power_of_2(n)
+    return block, min(max(block // 256, 1), 16)
+
+
+def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
+    validate.tensor("x", x, ndim=range(1, 9))
+    validate.tensor("weight", weight, ndim=1)
+    n = x.shape[-1]
+    validate.shape("weight", weight, (n,), "the last dim of x")
+    validate.positive("eps", eps)
+    if n > MAX_N:
+        raise ValueError(f"x: last dim {n} exceeds the {MAX_N} a single-row kernel supports")
+    return n
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, in fp32, rounded once."""
+    n = _check_norm_args(x, weight, eps)
+    validate.same_dtype("weight", weight, "x", x)
+    rows = validate.as_rows("x", x)
+    y = validate.output(out, x.shape, x.dtype, x)
+    if rows.shape[0] == 0 or n == 0:
+        return y
+    block, warps = _launch_config(n)
+    _rms_norm_kernel[(rows.shape[0],)](
+        rows, weight, y, rows.stride(0), n, eps, BLOCK_N=block, num_warps=warps
+    )
+    return y
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(rms_norm(x + residual), x + residual)`` in one pass over the row."""
+    n = _check_norm_args(x, weight, eps)
+    validate.tensor("residual", residual)
+    validate.shape("residual", residual, x.shape, "the shape of x")
+    validate.same_dtype("residual", residual, "x", x)
+    validate.same_dtype("weight", weight, "x", x)
+    x_rows = validate.as_rows("x", x)
+    r_rows = validate.as_rows("residual", residual)
+    y_out, sum_out = out if out is not None else (None, None)
+    y = validate.output(y_out, x.shape, x.dtype, x, "out[0]")
+    total = validate.output(sum_out, x.shape, x.dtype, x, "out[1]")
+    if x_rows.shape[0] == 0 or n == 0:
+        return y, total
+    block, warps = _launch_config(n)
+    _add_rms_norm_kernel[(x_rows.shape[0],)](
+        x_rows,
+        r_rows,
+        weight,
+        y,
+        total,
+        x_rows.stride(0),
+        r_rows.stride(0),
+        n,
+        eps,
+        BLOCK_N=block,
+        num_warps=warps,
+    )
+    return y, total

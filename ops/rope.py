@@ -1,0 +1,154 @@
+"""Rotary position embedding: the cos/sin table (article op 19) and rotate-half RoPE (ops 4, 5).
+
+``inv_freq`` is computed once per (rotary_dim, base, device) with torch, exactly as HF does,
+and cached, so the table kernel only multiplies and takes cos/sin, and a captured decode
+graph allocates nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops import validate
+
+_inv_freq_cache: dict[tuple[int, float, torch.device], torch.Tensor] = {}
+
+
+def inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    key = (rotary_dim, float(base), device)
+    if key not in _inv_freq_cache:
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).float() / rotary_dim
+        _inv_freq_cache[key] = 1.0 / (base**exponents)
+    return _inv_freq_cache[key]
+
+
+@triton.jit
+def _rope_cos_sin_kernel(
+    pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, S, stride_pb, stride_ps, HALF, BLOCK_HALF: tl.constexpr
+):
+    token = tl.program_id(0)
+    b = token // S
+    s = token % S
+    pos = tl.load(pos_ptr + b.to(tl.int64) * stride_pb + s.to(tl.int64) * stride_ps).to(tl.float32)
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    angle = pos * tl.load(inv_freq_ptr + i, mask=mask, other=0.0)
+    base = token.to(tl.int64) * HALF
+    tl.store(cos_ptr + base + i, tl.cos(angle), mask=mask)
+    tl.store(sin_ptr + base + i, tl.sin(angle), mask=mask)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor,
+    rotary_dim: int,
+    base: float,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` of ``positions * inv_freq``: fp32 ``[B, S, rotary_dim / 2]`` each."""
+    validate.tensor("positions", positions, ndim=2, dtypes=validate.INDEX_DTYPES, last_dim_contiguous=False)
+    validate.positive("rotary_dim", rotary_dim, integer=True)
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim: expected an even number, got {rotary_dim}")
+    validate.positive("base", base)
+    batch, seq = positions.shape
+    half = rotary_dim // 2
+    cos_out, sin_out = out if out is not None else (None, None)
+    cos = validate.output(cos_out, (batch, seq, half), torch.float32, positions, "out[0]")
+    sin = validate.output(sin_out, (batch, seq, half), torch.float32, positions, "out[1]")
+    if batch * seq == 0:
+        return cos, sin
+    freqs = inv_freq(rotary_dim, base, positions.device)
+    _rope_cos_sin_kernel[(batch * seq,)](
+        positions,
+        freqs,
+        cos,
+        sin,
+        seq,
+        positions.stride(0),
+        positions.stride(1),
+        half,
+        BLOCK_HALF=triton.next_power_of_2(half),
+    )
+    return cos, sin
+
+
+@triton.jit
+def _apply_rope_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    S,
+    H,
+    D,
+    HALF,
+    stride_xb,
+    stride_xs,
+    stride_xh,
+    stride_cb,
+    stride_cs,
+    stride_sb,
+    stride_ss,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_REST: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    b = (token // S).to(tl.int64)
+    s = (token % S).to(tl.int64)
+    x_row = x_ptr + b * stride_xb + s * stride_xs + head * stride_xh
+    out_row = out_ptr + (token.to(tl.int64) * H + head) * D
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    c = tl.load(cos_ptr + b * stride_cb + s * stride_cs + i, mask=mask, other=0.0)
+    sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
+    x1 = tl.load(x_row + i, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_row + i, (x1 * c - x2 * sn).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_row + HALF + i, (x2 * c + x1 * sn).to(out_ptr.dtype.element_ty), mask=mask)
+    if BLOCK_REST > 0:  # partial rotary: the dims past 2 * HALF pass through unchanged
+        j = 2 * HALF + tl.arange(0, BLOCK_REST)
+        rest_mask = j < D
+        tl.store(out_row + j, tl.load(x_row + j, mask=rest_mask), mask=rest_mask)
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``2 * cos.shape[-1]`` dims of every head of ``x[B, S, H, D]``."""
+    validate.tensor("x", x, ndim=4)
+    validate.tensor("cos", cos, ndim=3, dtypes=(torch.float32,))
+    validate.tensor("sin", sin, ndim=3, dtypes=(torch.float32,))
+    batch, seq, heads, dim = x.shape
+    half = cos.shape[-1]
+    validate.shape("cos", cos, (batch, seq, half), "[B, S, rotary_dim / 2] matching x")
+    validate.shape("sin", sin, cos.shape, "the shape of cos")
+    if not 0 < 2 * half <= dim:
+        raise ValueError(f"cos: rotary_dim {2 * half} must be in 1..head_dim ({dim}) of x")
+    result = validate.output(out, x.shape, x.dtype, x)
+    if batch * seq * heads == 0:
+        return result
+    rest = dim - 2 * half
+    _apply_rope_kernel[(batch * seq, heads)](
+        x,
+        cos,
+        sin,
+        result,
+        seq,
+        heads,
+        dim,
+        half,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        cos.stride(0),
+        cos.stride(1),
+        sin.stride(0),
+        sin.stride(1),
+        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_REST=triton.next_power_of_2(rest) if rest else 0,
+    )
+    return result

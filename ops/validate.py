@@ -1,0 +1,100 @@
+"""Argument checks shared by every launch wrapper.
+
+A kernel given a layout it does not expect reads the wrong memory silently, so wrappers check
+rank, shape, dtype, device and strides first and raise an error that names the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from ops import backend
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def tensor(
+    name: str,
+    t: object,
+    *,
+    ndim: int | Sequence[int] | None = None,
+    dtypes: Sequence[torch.dtype] | None = FLOAT_DTYPES,
+    last_dim_contiguous: bool = True,
+) -> torch.Tensor:
+    """Check one tensor argument: type, device, rank, dtype and unit stride in the last dim."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    want = backend.device()
+    if t.device.type != want.type:
+        raise ValueError(
+            f"{name}: expected a tensor on {want.type} (backend {backend.name()}), got {t.device}"
+        )
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed:
+            shown = " or ".join(str(n) for n in allowed)
+            raise ValueError(f"{name}: expected {shown} dims, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in ({_names(dtypes)}), got {t.dtype}")
+    if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: the last dim must have stride 1, got strides {t.stride()} for shape {tuple(t.shape)}"
+        )
+    return t
+
+
+def same_dtype(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{name}: expected dtype {ref.dtype} to match {ref_name}, got {t.dtype}")
+
+
+def shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str = "") -> None:
+    if tuple(t.shape) != tuple(expected):
+        hint = f" ({what})" if what else ""
+        raise ValueError(f"{name}: expected shape {tuple(expected)}{hint}, got {tuple(t.shape)}")
+
+
+def contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{name}: expected a contiguous tensor, got strides {t.stride()} for shape {tuple(t.shape)}"
+        )
+
+
+def positive(name: str, value: object, *, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+        want = "a positive int" if integer else "a positive number"
+        raise ValueError(f"{name}: expected {want}, got {value!r}")
+
+
+def as_rows(name: str, t: torch.Tensor) -> torch.Tensor:
+    """View ``t[..., N]`` as ``[rows, N]`` without a copy, or refuse the layout."""
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:
+        raise ValueError(
+            f"{name}: leading dims cannot be flattened into evenly spaced rows (shape {tuple(t.shape)}, "
+            f"strides {t.stride()}); pass a tensor whose rows share one stride"
+        ) from None
+
+
+def output(
+    out: torch.Tensor | None, shape: Sequence[int], dtype: torch.dtype, like: torch.Tensor, name: str = "out"
+) -> torch.Tensor:
+    """A new contiguous output, or the caller's preallocated one (CUDA Graph decode) once checked."""
+    if out is None:
+        return torch.empty(tuple(shape), dtype=dtype, device=like.device)
+    tensor(name, out, dtypes=(dtype,))
+    shape_ = tuple(shape)
+    if tuple(out.shape) != shape_:
+        raise ValueError(f"{name}: expected shape {shape_}, got {tuple(out.shape)}")
+    contiguous(name, out)
+    return out

@@ -1,0 +1,1 @@
+"""Naive torch references, one per op, written for clarity and computed in fp32."""

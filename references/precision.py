@@ -1,0 +1,51 @@
+"""The precision a reference computes in.
+
+References are written once and run three ways: the normal reference (fp32 math on the
+op's own, already rounded, inputs, result cast to the input dtype), the fp64 oracle (fp64
+math, result left in fp64) and the plain low-precision baseline (math in the input dtype, as
+naive torch would do it), which the ``max_error_ratio`` rule compares against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+
+_compute: contextvars.ContextVar[torch.dtype | None] = contextvars.ContextVar("compute", default=None)
+_keep_output: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_output", default=False)
+
+
+@contextlib.contextmanager
+def computing_in(dtype: torch.dtype | None, *, keep_output_dtype: bool = False) -> Iterator[None]:
+    """Run references with math in ``dtype`` (None: the default fp32)."""
+    token_c = _compute.set(dtype)
+    token_k = _keep_output.set(keep_output_dtype)
+    try:
+        yield
+    finally:
+        _compute.reset(token_c)
+        _keep_output.reset(token_k)
+
+
+@contextlib.contextmanager
+def oracle() -> Iterator[None]:
+    """fp64 math, outputs left in fp64: the yardstick for ``max_error_ratio``."""
+    with computing_in(torch.float64, keep_output_dtype=True):
+        yield
+
+
+def compute_dtype() -> torch.dtype:
+    return _compute.get() or torch.float32
+
+
+def acc(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the compute dtype (fp32 unless a context says otherwise)."""
+    return x.to(compute_dtype())
+
+
+def out(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast a result to the op's output dtype, except in the oracle, which keeps full precision."""
+    return y if _keep_output.get() else y.to(dtype)

@@ -1,0 +1,140 @@
+"""The shared op registry: every Triton kernel beside its naive torch reference.
+
+One ``OpSpec`` per op, registered here and nowhere else; tests, ``verify.op`` and the
+model's drill-downs all look ops up by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+import references.elementwise
+import references.embedding
+import references.kv_cache
+import references.norm
+import references.rope
+import references.sampling
+from ops import elementwise, embedding, kv_cache, norm, rope, sampling
+from verify.cases import Case
+from verify.limits import Limits
+from verify.strategies import elementwise as s_elementwise
+from verify.strategies import embedding as s_embedding
+from verify.strategies import kv_cache as s_kv_cache
+from verify.strategies import norm as s_norm
+from verify.strategies import rope as s_rope
+from verify.strategies import sampling as s_sampling
+from verify.strategies.common import Invalid
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op: its kernel, its reference, how to draw cases for it, and how to judge it.
+
+    ``examples[0]`` is the op's typical small case (it runs on the interpreter): canaries,
+    determinism and bad-input tests start from it. The other examples are the named shapes
+    of the real models.
+    """
+
+    name: str
+    impl: Callable
+    reference: Callable
+    params: Callable[[Limits], st.SearchStrategy[dict]]
+    build: Callable[[dict, torch.device], Case]
+    article_ops: tuple[int | str, ...]
+    examples: tuple[dict, ...]
+    invalid: tuple[Invalid, ...] = ()
+    mutates: tuple[str, ...] = ()
+    tolerance: str = ""
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tolerance:
+            object.__setattr__(self, "tolerance", self.name)
+
+    @property
+    def typical(self) -> dict:
+        return example_params(self.examples[0])
+
+
+def example_params(example: dict) -> dict:
+    """An example without its display fields: the params ``build`` takes."""
+    return {k: v for k, v in example.items() if k not in ("name", "gpu")}
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"op {spec.name!r} registered twice")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get(name: str) -> OpSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def all() -> list[OpSpec]:
+    return list(_REGISTRY.values())
+
+
+def names() -> list[str]:
+    return list(_REGISTRY)
+
+
+# fmt: off
+register(OpSpec(
+    "embedding", embedding.embedding, references.embedding.embedding,
+    s_embedding.embedding_params, s_embedding.embedding_build, ("input",),
+    s_embedding.EMBEDDING_EXAMPLES, s_embedding.EMBEDDING_INVALID,
+))
+register(OpSpec(
+    "rms_norm", norm.rms_norm, references.norm.rms_norm,
+    s_norm.rms_norm_params, s_norm.rms_norm_build, (1, 12, 20, "qk-norm"),
+    s_norm.RMS_NORM_EXAMPLES, s_norm.RMS_NORM_INVALID,
+))
+register(OpSpec(
+    "add_rms_norm", norm.add_rms_norm, references.norm.add_rms_norm,
+    s_norm.add_rms_norm_params, s_norm.add_rms_norm_build, (11, 12),
+    s_norm.ADD_RMS_NORM_EXAMPLES, s_norm.ADD_RMS_NORM_INVALID,
+))
+register(OpSpec(
+    "add", elementwise.add, references.elementwise.add,
+    s_elementwise.add_params, s_elementwise.add_build, (11, 17),
+    s_elementwise.ADD_EXAMPLES, s_elementwise.ADD_INVALID,
+))
+register(OpSpec(
+    "silu_mul", elementwise.silu_mul, references.elementwise.silu_mul,
+    s_elementwise.silu_mul_params, s_elementwise.silu_mul_build, (15,),
+    s_elementwise.SILU_MUL_EXAMPLES, s_elementwise.SILU_MUL_INVALID,
+))
+register(OpSpec(
+    "rope_cos_sin", rope.rope_cos_sin, references.rope.rope_cos_sin,
+    s_rope.rope_cos_sin_params, s_rope.rope_cos_sin_build, (19,),
+    s_rope.ROPE_COS_SIN_EXAMPLES, s_rope.ROPE_COS_SIN_INVALID,
+))
+register(OpSpec(
+    "apply_rope", rope.apply_rope, references.rope.apply_rope,
+    s_rope.apply_rope_params, s_rope.apply_rope_build, (4, 5),
+    s_rope.APPLY_ROPE_EXAMPLES, s_rope.APPLY_ROPE_INVALID,
+))
+register(OpSpec(
+    "kv_cache_store", kv_cache.kv_cache_store, references.kv_cache.kv_cache_store,
+    s_kv_cache.kv_cache_store_params, s_kv_cache.kv_cache_store_build, (18,),
+    s_kv_cache.KV_CACHE_STORE_EXAMPLES, s_kv_cache.KV_CACHE_STORE_INVALID,
+    mutates=("k_cache", "v_cache"),
+))
+register(OpSpec(
+    "argmax", sampling.argmax, references.sampling.argmax,
+    s_sampling.argmax_params, s_sampling.argmax_build, ("sampling",),
+    s_sampling.ARGMAX_EXAMPLES, s_sampling.ARGMAX_INVALID,
+))
+# fmt: on

@@ -1,0 +1,1 @@
+"""Verification tools: the comparison core, case strategies and the command-line checks."""

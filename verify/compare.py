@@ -1,0 +1,351 @@
+"""The comparison core: run an implementation and the reference on identical copies of a case
+and judge every output under the op's tolerance.
+
+What it catches, whatever the op: wrong dtype, shape, device or layout of an output; values
+out of tolerance; NaN/Inf where the reference is finite; a missing or extra output; writes to
+inputs the op must not touch (compared bitwise, whole underlying buffer); in-place buffers
+compared whole (pre-filled with random data by the case builders), so stray writes show;
+output left unwritten (the implementation runs first, on memory poisoned with NaN, before
+the reference has produced any right answer the allocator could hand back).
+"""
+
+from __future__ import annotations
+
+import inspect
+import shlex
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from references.precision import computing_in, oracle
+from verify.cases import Case, dtype_of
+from verify.tolerances import Tolerance, dtype_key, lookup
+
+RATIO_CAP = 1 / 32  # max_error_ratio's bound is at most this fraction of max|oracle| (plus 1 ulp)
+POISON_BYTE = 0xFF  # 0xFFFF.. is NaN in bf16, fp16 and fp32, and -1 as an integer
+
+
+@dataclass
+class OutputReport:
+    """The verdict on one output tensor."""
+
+    name: str
+    passed: bool
+    reason: str = ""
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    strides: tuple[int, ...] = ()
+    rule: str = ""
+    max_abs: float = 0.0
+    mean_abs: float = 0.0
+    worst_index: tuple[int, ...] | None = None
+    impl_value: float | None = None
+    ref_value: float | None = None
+    bound: float | None = None
+
+
+@dataclass
+class CheckResult:
+    op: str
+    case: Case
+    passed: bool
+    outputs: list[OutputReport] = field(default_factory=list)
+    error: str | None = None
+    repro: str = ""
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for o in self.outputs), default=0.0)
+
+    def describe(self) -> str:
+        """A failure message a person can act on: what, where, how far off, how to reproduce."""
+        lines = [f"{self.op}: {'verified' if self.passed else 'DIVERGES'}"]
+        lines.append(f"  case: {self.case.params_json()}")
+        lines.append(f"  inputs: {describe_inputs(self.case)}")
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        for o in self.outputs:
+            status = "ok" if o.passed else "FAIL"
+            lines.append(
+                f"  {o.name} [{status}] shape={o.shape} dtype={o.dtype} strides={o.strides} rule={o.rule}"
+            )
+            if o.reason:
+                lines.append(f"    {o.reason}")
+            if o.worst_index is not None:
+                bound = f" (bound {o.bound:.3g})" if o.bound is not None else ""
+                lines.append(
+                    f"    max abs diff {o.max_abs:.4g}{bound}, mean abs diff {o.mean_abs:.4g}; worst at "
+                    f"{o.worst_index}: impl {o.impl_value!r} vs reference {o.ref_value!r}"
+                )
+        if not self.passed:
+            lines.append(f"  repro: {self.repro}")
+        return "\n".join(lines)
+
+
+# ---- copies, poisoning, outputs ----------------------------------------------------------------
+
+
+def clone_preserving_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with the same sizes, strides and offset into a copy of its whole buffer."""
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).clone()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        raw.untyped_storage(), t.storage_offset(), t.shape, t.stride()
+    )
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return clone_preserving_layout(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+def clone_args(case: Case) -> tuple[tuple, dict[str, Any]]:
+    return _clone(case.args), {k: _clone(v) for k, v in case.kwargs.items()}
+
+
+def _buffer_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def poison_allocator(device: torch.device, nbytes: int) -> None:
+    """Leave NaN bytes in the memory the CUDA caching allocator will hand out next.
+
+    Small blocks (<= 1 MiB) and large ones come from different pools, so both are filled.
+    On CPU freed memory goes back to the system; there the order (impl first) is what counts.
+    """
+    if device.type != "cuda":
+        return
+    blocks = [torch.full((1 << 20,), POISON_BYTE, dtype=torch.uint8, device=device) for _ in range(8)]
+    blocks.append(torch.full((max(nbytes, 1 << 22),), POISON_BYTE, dtype=torch.uint8, device=device))
+    del blocks
+
+
+def _outputs(result: Any) -> list[tuple[str, Any]]:
+    if result is None:
+        return []
+    if isinstance(result, (tuple, list)):
+        return [(f"out[{i}]", r) for i, r in enumerate(result)]
+    return [("out", result)]
+
+
+def arg_names(fn: Callable) -> list[str]:
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind != p.KEYWORD_ONLY]
+
+
+def _mutated(names: list[str], mutates: tuple[str, ...], args: tuple) -> list[tuple[str, Any]]:
+    return [(n, args[names.index(n)]) for n in mutates]
+
+
+def describe_inputs(case: Case) -> str:
+    parts = []
+    for i, a in enumerate(case.args):
+        if isinstance(a, torch.Tensor):
+            parts.append(f"#{i} {tuple(a.shape)} {dtype_key(a.dtype)} strides={a.stride()}")
+        else:
+            parts.append(f"#{i} {a!r}")
+    return "; ".join(parts)
+
+
+# ---- judging one output ------------------------------------------------------------------------
+
+
+def ulp(dtype: torch.dtype, magnitude: float) -> float:
+    """The spacing of ``dtype`` at ``magnitude``: one rounding step of the output."""
+    info = torch.finfo(dtype)
+    if magnitude <= info.tiny:
+        return info.tiny * info.eps
+    return 2.0 ** (torch.tensor(magnitude, dtype=torch.float64).log2().floor().item()) * info.eps
+
+
+def _nonfinite_problem(impl: torch.Tensor, ref: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    ref_bad = ~torch.isfinite(ref)
+    same = (torch.isnan(impl) & torch.isnan(ref)) | (impl == ref)
+    wrong = (~torch.isfinite(impl) & ~ref_bad) | (ref_bad & ~same)
+    if not wrong.any():
+        return None
+    where = wrong & ~ref_bad
+    text = "NaN/Inf in the output where the reference is finite" if where.any() else "NaN/Inf not matched"
+    return f"{text} ({int(wrong.sum())} elements)", wrong
+
+
+def judge(
+    name: str,
+    impl: Any,
+    ref: torch.Tensor,
+    tol: Tolerance,
+    oracle_out: torch.Tensor | None = None,
+    lowp_out: torch.Tensor | None = None,
+) -> OutputReport:
+    if not isinstance(impl, torch.Tensor):
+        return OutputReport(name, False, f"expected a tensor, got {type(impl).__name__}")
+    report = OutputReport(
+        name, True, shape=tuple(impl.shape), dtype=dtype_key(impl.dtype), strides=impl.stride(), rule=tol.rule
+    )
+    for problem, bad in (
+        (f"dtype {impl.dtype}, expected {ref.dtype}", impl.dtype != ref.dtype),
+        (f"shape {tuple(impl.shape)}, expected {tuple(ref.shape)}", impl.shape != ref.shape),
+        (f"device {impl.device}, expected {ref.device}", impl.device != ref.device),
+    ):
+        if bad:
+            report.passed, report.reason = False, problem
+            return report
+    if impl.numel() == 0:
+        return report
+    a, r = impl.double(), ref.double()
+    diff = (a - r).abs()
+    finite = torch.isfinite(a) & torch.isfinite(r)
+    diff = torch.where(finite, diff, torch.zeros_like(diff))
+    flat = int(diff.argmax())
+    report.worst_index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), impl.shape))
+    report.max_abs, report.mean_abs = float(diff.max()), float(diff.mean())
+    report.impl_value, report.ref_value = a.flatten()[flat].item(), r.flatten()[flat].item()
+
+    nonfinite = _nonfinite_problem(a, r)
+    if nonfinite is not None:
+        reason, mask = nonfinite
+        first = tuple(
+            int(i) for i in torch.unravel_index(torch.tensor(int(mask.flatten().int().argmax())), a.shape)
+        )
+        report.passed = False
+        report.reason = (
+            f"{reason}; first at {first}: impl {a[first].item()!r} vs reference {r[first].item()!r}"
+        )
+        report.worst_index, report.impl_value, report.ref_value = first, a[first].item(), r[first].item()
+        return report
+
+    if tol.rule == "exact" or not impl.dtype.is_floating_point:
+        wrong = a != r
+        if wrong.any():
+            report.passed, report.reason = (
+                False,
+                f"{int(wrong.sum())} of {a.numel()} elements differ (exact rule)",
+            )
+        return report
+
+    if tol.rule == "allclose":
+        bound = tol.atol + tol.rtol * r.abs()
+        over = diff > bound
+        if over.any():
+            excess = diff - bound
+            flat = int(excess.argmax())
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), impl.shape))
+            report.passed = False
+            report.worst_index, report.impl_value, report.ref_value = idx, a[idx].item(), r[idx].item()
+            report.reason = (
+                f"{int(over.sum())} of {a.numel()} elements exceed "
+                f"atol={tol.atol:g} + rtol={tol.rtol:g} * |ref|"
+            )
+            report.bound = float(bound[idx])
+        return report
+
+    # max_error_ratio: judge the implementation's distance to the fp64 oracle against plain torch's
+    assert oracle_out is not None and lowp_out is not None
+    o = oracle_out.double()
+    fin = torch.isfinite(o)
+    err_impl = torch.where(fin, (a - o).abs(), torch.zeros_like(o)).max().item()
+    err_lowp = torch.where(fin, (lowp_out.double() - o).abs(), torch.zeros_like(o)).max().item()
+    magnitude = torch.where(fin, o.abs(), torch.zeros_like(o)).max().item()
+    floor = ulp(impl.dtype, magnitude)
+    # Where plain torch in this dtype breaks down (fp16 squares overflowing), its error says
+    # nothing about what is acceptable: the bound never exceeds 1/32 of the output's magnitude.
+    report.bound = min(tol.max_error_ratio * err_lowp, magnitude * RATIO_CAP) + floor
+    if err_impl > report.bound:
+        report.passed = False
+        report.reason = (
+            f"error vs fp64 oracle {err_impl:.4g} > {tol.max_error_ratio:g} x plain {report.dtype} "
+            f"torch error {err_lowp:.4g} + 1 ulp {floor:.3g}"
+        )
+    else:
+        report.reason = f"error vs fp64 oracle {err_impl:.3g}; plain {report.dtype} torch {err_lowp:.3g}"
+    return report
+
+
+# ---- one whole check ---------------------------------------------------------------------------
+
+
+def _to_oracle(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+        return value.to(torch.float64)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_oracle(v) for v in value)
+    return value
+
+
+def _run_reference(spec: Any, case: Case, mode: str) -> list[tuple[str, Any]]:
+    args, kwargs = clone_args(case)
+    names = arg_names(spec.reference)
+    if mode == "oracle":
+        args, kwargs = _to_oracle(args), {k: _to_oracle(v) for k, v in kwargs.items()}
+        with oracle():
+            result = spec.reference(*args, **kwargs)
+    elif mode == "lowp":
+        with computing_in(dtype_of(case.params)):
+            result = spec.reference(*args, **kwargs)
+    else:
+        result = spec.reference(*args, **kwargs)
+    return _outputs(result) + _mutated(names, spec.mutates, args)
+
+
+def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
+    cmd = f"python -m verify.op {op} --case {shlex.quote(case.params_json())}"
+    return cmd + (f" --impl {shlex.quote(impl_label)}" if impl_label else "")
+
+
+def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str | None = None) -> CheckResult:
+    """Run ``impl`` (default: the registered kernel), then the reference, and judge every output."""
+    impl = impl or spec.impl
+    names = arg_names(spec.reference)
+    result = CheckResult(spec.name, case, True, repro=repro_command(spec.name, case, impl_label))
+
+    args, kwargs = clone_args(case)
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    untouched = {
+        n: _buffer_bytes(a).clone()
+        for n, a in zip(names, args, strict=False)
+        if isinstance(a, torch.Tensor) and n not in spec.mutates
+    }
+    poison_allocator(device, sum(t.numel() for t in untouched.values()) * 2)
+    try:
+        impl_out = _outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
+    except Exception as exc:  # the verdict must say what the implementation raised
+        result.passed = False
+        result.error = f"implementation raised {type(exc).__name__}: {exc}\n" + "".join(
+            traceback.format_exception(exc)[-3:]
+        )
+        return result
+
+    for n, a in zip(names, args, strict=False):
+        if n in untouched and not torch.equal(_buffer_bytes(a), untouched[n]):
+            result.outputs.append(
+                OutputReport(n, False, "the op wrote to this input (or the buffer around it)")
+            )
+
+    ref_out = _run_reference(spec, case, "reference")
+    if len(impl_out) != len(ref_out):
+        result.passed = False
+        result.error = f"implementation returned {len(impl_out)} outputs, the reference {len(ref_out)}"
+        return result
+    tol = lookup(spec.tolerance, dtype_of(case.params))
+    oracle_out = lowp_out = None
+    if tol.rule == "max_error_ratio":
+        oracle_out = _run_reference(spec, case, "oracle")
+        lowp_out = _run_reference(spec, case, "lowp")
+    for i, ((name, got), (_, want)) in enumerate(zip(impl_out, ref_out, strict=True)):
+        report = judge(
+            name,
+            got,
+            want,
+            tol,
+            oracle_out[i][1] if oracle_out else None,
+            lowp_out[i][1] if lowp_out else None,
+        )
+        if report.passed and name.startswith("out") and not got.is_contiguous():
+            report.passed, report.reason = False, f"output is not contiguous (strides {got.stride()})"
+        result.outputs.append(report)
+    result.passed = all(o.passed for o in result.outputs)
+    return result

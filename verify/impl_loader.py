@@ -1,0 +1,56 @@
+"""Load an outside implementation given as ``module:fn`` or ``path/to/file.py:fn``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+class ImplError(Exception):
+    """The implementation could not be loaded or does not fit the op's signature."""
+
+
+def load(spec: str) -> Callable:
+    target, sep, fn_name = spec.rpartition(":")
+    if not sep or not target or not fn_name:
+        raise ImplError(f"--impl {spec!r}: expected MODULE:FN or FILE.py:FN")
+    try:
+        if target.endswith(".py"):
+            path = Path(target).resolve()
+            if not path.is_file():
+                raise ImplError(f"--impl {spec!r}: no file {path}")
+            module_name = f"_impl_{path.stem}_{abs(hash(path)) % 10**8}"
+            loader_spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[module_name] = module
+            loader_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ImplError:
+        raise
+    except Exception as exc:
+        raise ImplError(f"--impl {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ImplError(f"--impl {spec!r}: {target} has no callable {fn_name!r}")
+    return fn
+
+
+def check_signature(fn: Callable, reference: Callable, op: str) -> None:
+    """The outside function must take the op's positional arguments (extra ones need defaults)."""
+    want = [p.name for p in inspect.signature(reference).parameters.values() if p.kind != p.KEYWORD_ONLY]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return  # builtins without a signature: let the call decide
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(positional) < len(want) or len(required) > len(want):
+        got = ", ".join(p.name for p in positional)
+        raise ImplError(f"{fn.__name__}({got}) does not match the {op} signature ({', '.join(want)})")

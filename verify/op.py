@@ -1,0 +1,156 @@
+"""``python -m verify.op NAME``: property-check one op (or an outside implementation of it).
+
+Exit 0: verified. 1: a divergence (the shrunk case and a repro command are printed).
+2: bad usage (unknown op, an implementation that fails to load or has the wrong signature).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verify.op", description=__doc__.splitlines()[0])
+    p.add_argument("name", nargs="?", help="the op to check (see --list)")
+    p.add_argument("--impl", help="an outside implementation: MODULE:FN or FILE.py:FN")
+    p.add_argument("--examples", type=int, default=None, help="Hypothesis cases to draw (default: profile's)")
+    p.add_argument("--seed", type=int, default=None, help="Hypothesis seed, for a reproducible search")
+    p.add_argument("--case", help="run exactly this case (the JSON a repro command carries)")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    p.add_argument("--list", action="store_true", help="list the registered ops and exit")
+    return p
+
+
+def _list_ops() -> int:
+    import registry
+    from verify.tolerances import rule
+
+    print(f"{'op':<16} {'article ops':<18} {'rule':<16} mutates")
+    for spec in registry.all():
+        ops = ", ".join(str(o) for o in spec.article_ops)
+        print(f"{spec.name:<16} {ops:<18} {rule(spec.tolerance):<16} {', '.join(spec.mutates) or '-'}")
+    return 0
+
+
+def _coverage_lines(coverage) -> list[str]:
+    return [
+        f"    {label:<28} {count}"
+        for label, count in sorted(coverage.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from hypothesis import settings
+
+    import registry
+    from ops import backend
+    from verify import impl_loader, profiles, property
+    from verify.compare import check
+
+    profile = profiles.load(backend.name())
+    if args.list:
+        return _list_ops()
+    if not args.name:
+        print("verify.op: an op name is required (see --list)", file=sys.stderr)
+        return 2
+    try:
+        spec = registry.get(args.name)
+    except KeyError as exc:
+        print(f"verify.op: {exc.args[0]}", file=sys.stderr)
+        return 2
+    impl = None
+    if args.impl:
+        try:
+            impl = impl_loader.load(args.impl)
+            impl_loader.check_signature(impl, spec.reference, spec.name)
+        except impl_loader.ImplError as exc:
+            print(f"verify.op: {exc}", file=sys.stderr)
+            return 2
+    label = args.impl or f"registered {spec.name} kernel"
+    print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
+
+    if args.case:
+        try:
+            params = json.loads(args.case)
+            case = spec.build(params, backend.device())
+        except (ValueError, KeyError, TypeError) as exc:
+            print(f"verify.op: --case is not a valid {spec.name} case: {exc}", file=sys.stderr)
+            return 2
+        result = check(spec, case, impl, args.impl)
+        print(result.describe())
+        _write_json(
+            args.json,
+            {
+                "op": spec.name,
+                "impl": label,
+                "passed": result.passed,
+                "case": params,
+                "description": result.describe(),
+            },
+        )
+        return 0 if result.passed else 1
+
+    started = time.monotonic()
+    examples = args.examples or settings.default.max_examples
+    outcome = property.run(
+        spec,
+        impl,
+        args.impl,
+        examples,
+        args.seed,
+        progress=lambda msg: print(f"  ... {msg}", file=sys.stderr, flush=True),
+    )
+    elapsed = time.monotonic() - started
+    verdict = "VERIFIED" if outcome.passed else "DIVERGES"
+    print(
+        f"{verdict}: {outcome.examples} named examples and {outcome.cases} generated cases in {elapsed:.1f}s"
+    )
+    print("  edge classes covered (cases):")
+    print("\n".join(_coverage_lines(outcome.coverage)) or "    (none)")
+    if outcome.worst is not None:
+        w = outcome.worst
+        print(f"  worst passing error: max abs {w.max_abs:.3g} on {w.case.params_json()}")
+        for o in w.outputs:
+            if o.reason:
+                print(f"    {o.name}: {o.reason}")
+    if outcome.failure is not None:
+        print("  smallest failing case after shrinking:")
+        print("  " + outcome.failure.describe().replace("\n", "\n  "))
+    _write_json(
+        args.json,
+        {
+            "op": spec.name,
+            "impl": label,
+            "backend": backend.name(),
+            "passed": outcome.passed,
+            "examples": outcome.examples,
+            "cases": outcome.cases,
+            "coverage": dict(outcome.coverage),
+            "worst_max_abs": outcome.worst.max_abs if outcome.worst else None,
+            "failure": None
+            if outcome.failure is None
+            else {
+                "case": outcome.failure.case.params,
+                "description": outcome.failure.describe(),
+                "repro": outcome.failure.repro,
+            },
+        },
+    )
+    return 0 if outcome.passed else 1
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Hypothesis profiles: ``ci`` (fast, deterministic, CPU), ``gpu`` and ``thorough``.
+
+The example database lives in the repo's ignored ``.cache/hypothesis`` so a failure found on
+one run is replayed first on the next.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+DATABASE = Path(__file__).resolve().parent.parent / ".cache" / "hypothesis"
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+
+def register() -> None:
+    db = DirectoryBasedExampleDatabase(str(DATABASE))
+    common = {"deadline": None, "suppress_health_check": _SLOW_OK, "print_blob": True}
+    settings.register_profile("ci", max_examples=8, derandomize=True, database=None, **common)
+    settings.register_profile("gpu", max_examples=60, database=db, **common)
+    settings.register_profile("thorough", max_examples=500, database=db, **common)
+
+
+def load(backend_name: str) -> str:
+    """Load ``HYPOTHESIS_PROFILE`` if set, else ``gpu`` on CUDA and ``ci`` on the interpreter."""
+    register()
+    name = os.environ.get("HYPOTHESIS_PROFILE") or ("gpu" if backend_name == "cuda" else "ci")
+    settings.load_profile(name)
+    return name

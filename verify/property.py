@@ -1,0 +1,86 @@
+"""Property-check one op: named examples, then Hypothesis-drawn cases, shrinking any failure."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hypothesis import event, given, seed, settings
+from hypothesis.errors import Flaky
+
+import registry
+from ops import backend
+from verify import limits
+from verify.cases import Case
+from verify.compare import CheckResult, check
+
+
+@dataclass
+class Outcome:
+    op: str
+    passed: bool
+    cases: int = 0
+    examples: int = 0
+    coverage: collections.Counter = field(default_factory=collections.Counter)
+    worst: CheckResult | None = None  # the passing case with the largest abs error
+    failure: CheckResult | None = None  # after shrinking: the smallest failing case
+
+
+def runnable_examples(spec: registry.OpSpec) -> list[dict]:
+    on_gpu = backend.name() == "cuda"
+    return [e for e in spec.examples if on_gpu or e.get("gpu", True) is False]
+
+
+def run(
+    spec: registry.OpSpec,
+    impl: Callable | None = None,
+    impl_label: str | None = None,
+    max_examples: int = 100,
+    random_seed: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Outcome:
+    outcome = Outcome(spec.name, True)
+    device = backend.device()
+
+    def judge(case: Case) -> CheckResult:
+        result = check(spec, case, impl, impl_label)
+        if result.passed and (outcome.worst is None or result.max_abs > outcome.worst.max_abs):
+            outcome.worst = result
+        return result
+
+    for example in runnable_examples(spec):
+        result = judge(spec.build(registry.example_params(example), device))
+        outcome.examples += 1
+        if progress:
+            progress(f"example {example['name']}: {'ok' if result.passed else 'DIVERGES'}")
+        if not result.passed and outcome.failure is None:
+            # keep searching: the drawn cases shrink to a smaller repro than a named shape
+            outcome.passed, outcome.failure = False, result
+
+    failing_seen = False
+
+    @settings(max_examples=max_examples, derandomize=settings.default.derandomize and random_seed is None)
+    @given(spec.params(limits.current()))
+    def property_holds(params: dict) -> None:
+        nonlocal failing_seen
+        case = spec.build(params, device)
+        for label in case.labels:
+            event(label)
+        result = judge(case)
+        if not failing_seen:  # count the search, not the shrinking that follows a failure
+            outcome.cases += 1
+            outcome.coverage.update(case.labels)
+            if progress and outcome.cases % 10 == 0:
+                progress(f"{outcome.cases} cases")
+        if not result.passed:
+            failing_seen = True
+            outcome.failure = result
+            raise AssertionError(result.describe())
+
+    test = property_holds if random_seed is None else seed(random_seed)(property_holds)
+    try:
+        test()
+    except (AssertionError, Flaky):
+        outcome.passed = False
+    return outcome

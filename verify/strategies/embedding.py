@@ -1,0 +1,71 @@
+"""Cases for ``embedding``: ids as a column slice of a longer token buffer, ids at the table's edges."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from verify.cases import AWKWARD, MODEL_DIMS, Case, dtype_of, generator, size, values
+from verify.limits import Limits
+from verify.strategies.common import Invalid, common, labels_for, replace
+
+
+def embedding_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries(
+        {
+            "b": size(limits.batch, AWKWARD),
+            "s": size(limits.seq, AWKWARD),
+            "vocab": size(limits.vocab, AWKWARD + MODEL_DIMS),
+            "hidden": size(limits.width, AWKWARD + MODEL_DIMS[:-1]),
+            "ids": st.sampled_from(["random", "edges", "repeated"]),
+            "id_dtype": st.sampled_from(["int64", "int32"]),
+            "offset": st.integers(0, 5),  # ids start this many columns into a longer buffer
+            **common(dists=("normal", "large", "tiny", "constant_rows")),
+        }
+    )
+
+
+def embedding_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    b, s, vocab, offset = params["b"], params["s"], params["vocab"], params["offset"]
+    table = values((vocab, params["hidden"]), dtype_of(params), params["dist"], gen, device)
+    buffer = torch.randint(0, vocab, (b, s + offset + 3), generator=gen, device=device)
+    if params["ids"] == "edges":  # the first and last rows of the table
+        buffer = torch.where(buffer % 2 == 0, 0, vocab - 1)
+    elif params["ids"] == "repeated":
+        buffer = buffer[:, :1].expand_as(buffer).contiguous()
+    ids = buffer.to(getattr(torch, params["id_dtype"]))[:, offset : offset + s]
+    labels = labels_for(params, S=s, H=params["hidden"], V=vocab)
+    labels += [f"ids {params['ids']}", f"ids {params['id_dtype']}"]
+    if offset or b > 1:
+        labels.append("non-contiguous")
+    return Case(params, (ids, table), labels=tuple(labels))
+
+
+def _example(name: str, b: int, s: int, vocab: int, hidden: int, **extra: object) -> dict:
+    return {
+        "name": name,
+        "b": b,
+        "s": s,
+        "vocab": vocab,
+        "hidden": hidden,
+        "ids": "random",
+        "id_dtype": "int64",
+        "offset": 1,
+        "dtype": "bfloat16",
+        "dist": "normal",
+        "seed": 0,
+        **extra,
+    }
+
+
+EMBEDDING_EXAMPLES = (
+    _example("typical: 2 x 5 ids into 100 x 33", 2, 5, 100, 33, gpu=False),
+    _example("article decode token", 1, 1, 151936, 1024, ids="edges"),
+    _example("article prefill 256 tokens", 1, 256, 151936, 1024),
+    _example("qwen2.5 batch 4 prefill", 4, 33, 151936, 896, id_dtype="int32"),
+)
+EMBEDDING_INVALID = (
+    Invalid("1-d ids", "ids", replace("ids", lambda i: i[0])),
+    Invalid("3-d table", "table", replace("table", lambda t: t[None])),
+)

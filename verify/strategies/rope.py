@@ -1,0 +1,159 @@
+"""Cases for ``rope_cos_sin`` (positions up to 32k, partial rotary dims) and ``apply_rope``
+(q or k as a head slice of the fused QKV output, rotate-half over the first rotary dims)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from references.rope import rope_cos_sin
+from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
+from verify.limits import Limits
+from verify.strategies.common import Invalid, common, labels_for, replace
+
+HEAD_DIMS = (2, 4, 6, 16, 32, 34, 64, 96, 128, 256)
+BASES = (10000.0, 1000000.0, 500000.0)
+
+
+def _positions(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Consecutive positions from ``start`` (prefill, decode), or scattered ones, in a wider buffer."""
+    b, s = params["b"], params["s"]
+    if params["positions"] == "consecutive":
+        pos = params["start"] + torch.arange(s, device=device).expand(b, s)
+    else:
+        pos = torch.randint(0, params["start"] + s, (b, s), generator=gen, device=device)
+    buffer = torch.zeros(b, s + 2, dtype=getattr(torch, params["pos_dtype"]), device=device)
+    buffer[:, 1 : s + 1] = pos
+    return buffer[:, 1 : s + 1]
+
+
+def _position_fields(limits: Limits) -> dict:
+    return {
+        "b": size(limits.batch, AWKWARD),
+        "s": size(limits.seq, AWKWARD),
+        "start": st.one_of(st.integers(0, 64), st.sampled_from([4095, 32767, 131071])),
+        "positions": st.sampled_from(["consecutive", "scattered"]),
+        "pos_dtype": st.sampled_from(["int64", "int32"]),
+        "base": st.sampled_from(BASES),
+        "seed": st.integers(0, 2**16 - 1),
+    }
+
+
+def rope_cos_sin_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries(
+        {**_position_fields(limits), "rotary_dim": st.sampled_from(HEAD_DIMS), "dtype": st.just("float32")}
+    )
+
+
+def rope_cos_sin_build(params: dict, device: torch.device) -> Case:
+    positions = _positions(params, generator(params, device), device)
+    labels = labels_for(params, S=params["s"], rotary_half=params["rotary_dim"] // 2)
+    labels += [f"positions {params['positions']}", "non-contiguous"]
+    if params["start"] >= 4095:
+        labels.append("long context position")
+    return Case(params, (positions, params["rotary_dim"], params["base"]), labels=tuple(labels))
+
+
+def apply_rope_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries(
+        {
+            **_position_fields(limits),
+            "heads": size(limits.heads, AWKWARD),
+            "head_dim": st.sampled_from(HEAD_DIMS),
+            "rotary": st.sampled_from(["full", "half", "quarter"]),
+            "head_offset": st.integers(0, 3),  # x starts this many heads into the fused QKV row
+            **common(),
+        }
+    )
+
+
+def _rotary_dim(params: dict) -> int:
+    d = params["head_dim"]
+    rd = {"full": d, "half": d // 2, "quarter": d // 4}[params["rotary"]]
+    return max(2, rd - rd % 2)
+
+
+def apply_rope_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    b, s, h, d, off = params["b"], params["s"], params["heads"], params["head_dim"], params["head_offset"]
+    qkv = values((b, s, off + h + 2, d), dtype_of(params), params["dist"], gen, device)
+    x = qkv[:, :, off : off + h]
+    cos, sin = rope_cos_sin(_positions(params, gen, device), _rotary_dim(params), params["base"])
+    labels = labels_for(params, S=s, H=h, D=d)
+    labels += [f"rotary {params['rotary']}", "non-contiguous"]
+    return Case(params, (x, cos, sin), labels=tuple(labels))
+
+
+def _cos_sin_example(name: str, b: int, s: int, rotary_dim: int, start: int, **extra: object) -> dict:
+    return {
+        "name": name,
+        "b": b,
+        "s": s,
+        "start": start,
+        "positions": "consecutive",
+        "pos_dtype": "int64",
+        "base": 1000000.0,
+        "rotary_dim": rotary_dim,
+        "dtype": "float32",
+        "seed": 0,
+        **extra,
+    }
+
+
+def _rope_example(name: str, b: int, s: int, heads: int, head_dim: int, start: int, **extra: object) -> dict:
+    return {
+        "name": name,
+        "b": b,
+        "s": s,
+        "start": start,
+        "positions": "consecutive",
+        "pos_dtype": "int64",
+        "base": 1000000.0,
+        "heads": heads,
+        "head_dim": head_dim,
+        "rotary": "full",
+        "head_offset": 0,
+        "dtype": "bfloat16",
+        "dist": "normal",
+        "seed": 0,
+        **extra,
+    }
+
+
+ROPE_COS_SIN_EXAMPLES = (
+    _cos_sin_example("typical: 2 x 5 positions, rotary 34", 2, 5, 34, 7, gpu=False),
+    _cos_sin_example("article decode at position 32767", 1, 1, 128, 32767),
+    _cos_sin_example("article prefill 2048", 1, 2048, 128, 0),
+    _cos_sin_example("qwen2.5 head_dim 64, scattered", 4, 100, 64, 4095, positions="scattered"),
+)
+APPLY_ROPE_EXAMPLES = (
+    _rope_example(
+        "typical: 2 x 3 tokens, 3 heads of 34, partial",
+        2,
+        3,
+        3,
+        34,
+        5,
+        rotary="half",
+        head_offset=1,
+        gpu=False,
+    ),
+    _rope_example("article q decode (8 heads x 128)", 1, 1, 8, 128, 4095),
+    _rope_example("article k prefill 256 (2 kv heads) in fused QKV", 1, 256, 2, 128, 0, head_offset=8),
+    _rope_example("qwen2.5 q prefill (14 heads x 64)", 1, 129, 14, 64, 0),
+)
+ROPE_COS_SIN_INVALID = (
+    Invalid("odd rotary_dim", "rotary_dim", replace("rotary_dim", lambda r: r + 1)),
+    Invalid("zero base", "base", replace("base", lambda _: 0.0)),
+    Invalid("1-d positions", "positions", replace("positions", lambda p: p[0])),
+)
+APPLY_ROPE_INVALID = (
+    Invalid("cos of another batch", "cos", replace("cos", lambda c: c[:1].expand(3, *c.shape[1:]))),
+    Invalid("sin shape differs from cos", "sin", replace("sin", lambda t: t[..., :-1])),
+    Invalid(
+        "rotary_dim larger than head_dim",
+        "cos",
+        lambda a: a.update(cos=a["cos"].repeat(1, 1, 40), sin=a["sin"].repeat(1, 1, 40)),
+    ),
+    Invalid("3-d x", "x", replace("x", lambda x: x[0])),
+)

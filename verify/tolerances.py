@@ -1,0 +1,68 @@
+"""Per-op, per-dtype tolerances read from ``tolerances.toml`` (the one place numbers live)."""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PATH = Path(__file__).resolve().parent.parent / "tolerances.toml"
+RULES = ("allclose", "max_error_ratio", "exact")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How one op's output in one dtype is judged.
+
+    ``allclose``: ``|impl - ref| <= atol + rtol * |ref|`` elementwise.
+    ``max_error_ratio``: ``max|impl - oracle| <= k * max|lowp - oracle| + ulp(max|oracle|)``, where the
+    oracle is the reference in fp64 and ``lowp`` the reference computed in the op's own dtype.
+    ``exact``: bitwise equality (copies, indices).
+    """
+
+    rule: str
+    atol: float = 0.0
+    rtol: float = 0.0
+    max_error_ratio: float = 0.0
+
+    def describe(self) -> str:
+        if self.rule == "allclose":
+            return f"allclose(atol={self.atol:g}, rtol={self.rtol:g})"
+        if self.rule == "max_error_ratio":
+            return f"max_error_ratio(k={self.max_error_ratio:g}, floor 1 ulp)"
+        return "exact"
+
+
+def dtype_key(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def _table(path: Path = PATH) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def rule(key: str, path: Path = PATH) -> str:
+    return _table(path).get(key, {}).get("rule", "allclose")
+
+
+def lookup(key: str, dtype: torch.dtype, path: Path = PATH) -> Tolerance:
+    """The tolerance for op ``key`` at ``dtype``: ``[key.dtype]``, else ``[default.dtype]``."""
+    table = _table(path)
+    section = table.get(key, {})
+    rule = section.get("rule", "allclose")
+    if rule not in RULES:
+        raise ValueError(f"{path}: [{key}] rule {rule!r} is not one of {RULES}")
+    if rule == "exact":
+        return Tolerance("exact")
+    name = dtype_key(dtype)
+    numbers = section.get(name) or table.get("default", {}).get(name)
+    if numbers is None:
+        raise KeyError(f"{path}: no tolerance for op {key!r} at dtype {name} and no [default.{name}]")
+    if rule == "max_error_ratio":
+        return Tolerance(rule, max_error_ratio=float(numbers["max_error_ratio"]))
+    return Tolerance(rule, atol=float(numbers["atol"]), rtol=float(numbers["rtol"]))
