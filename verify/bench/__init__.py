@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m verify.bench gemm|attention|model`` (GPU only)."""

@@ -1,0 +1,82 @@
+"""Timing the way the model runs: kernels back to back inside a CUDA Graph, weights rotated.
+
+A standalone launch on the H200 costs ~20 us from Python, more than a decode-size kernel, so
+decode-size kernels are timed as many launches captured in one graph, replayed and divided.
+Each launch in the graph reads its own copy of the weights, with enough copies to exceed 3x
+the 60 MB L2, so the numbers are HBM numbers, not cache numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+import torch
+
+L2_BYTES = 60 * 2**20
+
+
+def copies_for(nbytes: int, minimum: int = 4, l2_multiple: int = 3) -> int:
+    """How many copies of an operand of ``nbytes`` rotate through more than ``l2_multiple`` x L2."""
+    return max(minimum, -(-l2_multiple * L2_BYTES // max(nbytes, 1)) + 1)
+
+
+def graph_time_per_call(calls: Sequence[Callable[[], object]], replays: int = 20, warmup: int = 3) -> float:
+    """Seconds per call: every call captured once, back to back, in one CUDA Graph; median replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):  # compile and autotune-free warm-up outside capture
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times) / len(calls)
+
+
+def bench_median(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Seconds per call of ``fn`` launched from Python (triton's do_bench, median)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") / 1e3
+
+
+def copy_bandwidth(nbytes: int = 2 * 2**30) -> float:
+    """Measured device memory bandwidth in bytes/s: a large kernel copy, bytes read + written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    seconds = bench_median(lambda: dst.copy_(src))
+    return 2 * nbytes / seconds
+
+
+def bf16_matmul_peak(n: int = 8192) -> float:
+    """Measured dense bf16 matmul rate in FLOP/s (random data: zeros run faster)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    return 2 * n**3 / bench_median(lambda: a @ b)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain aligned text table."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
