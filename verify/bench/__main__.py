@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in SUITES:
         print(
-            f"usage: python -m verify.bench {{{','.join(SUITES)}}} [options]  (-h after the suite for its options)",
+            f"usage: python -m verify.bench {{{','.join(SUITES)}}} [options]",
             file=sys.stderr,
         )
         return 2
