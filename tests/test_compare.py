@@ -1,0 +1,164 @@
+"""The comparison core must catch wrong implementations and pass right ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import registry
+from ops import backend, norm
+from tests import buggy_kernels
+from verify.compare import check, ulp
+from verify.tolerances import Tolerance, lookup
+
+DEVICE = backend.device()
+
+
+def _case(name: str, **overrides):
+    spec = registry.get(name)
+    return spec, spec.build({**spec.typical, **overrides}, DEVICE)
+
+
+def test_correct_kernel_passes() -> None:
+    spec, case = _case("rms_norm")
+    result = check(spec, case)
+    assert result.passed, result.describe()
+
+
+@pytest.mark.parametrize("bug", ["tail_dropped", "off_by_one", "wrong_eps"])
+def test_buggy_rms_norm_is_caught(bug: str) -> None:
+    # n=65: not a multiple of 16, so the dropped tail and the off-by-one mask both bite;
+    # tiny values with eps=1e-5: eps dominates mean(x^2), so where it is added matters
+    spec, case = _case("rms_norm", n=65, dist="tiny", eps=1e-5)
+    result = check(spec, case, getattr(buggy_kernels, f"rms_norm_{bug}"))
+    assert not result.passed
+
+
+def test_failure_message_names_everything() -> None:
+    spec, case = _case("rms_norm", n=65)
+    text = check(spec, case, buggy_kernels.rms_norm_off_by_one).describe()
+    for needle in (
+        "rms_norm",
+        "DIVERGES",
+        "(3, 65)",
+        "bfloat16",
+        "strides=",
+        "max abs diff",
+        "mean abs diff",
+        "worst at",
+        "impl",
+        "reference",
+        "python -m verify.op rms_norm --case",
+    ):
+        assert needle in text, f"{needle!r} missing from:\n{text}"
+
+
+def test_wrong_dtype_fails_even_when_values_are_close() -> None:
+    spec, case = _case("rms_norm")
+    result = check(spec, case, lambda x, w, eps: norm.rms_norm(x, w, eps).float())
+    assert not result.passed and "dtype" in result.outputs[0].reason
+
+
+def test_second_output_of_a_pair_is_compared() -> None:
+    spec, case = _case("add_rms_norm")
+
+    def wrong_sum(x, r, w, eps):
+        y, total = norm.add_rms_norm(x, r, w, eps)
+        return y, total + 1
+
+    result = check(spec, case, wrong_sum)
+    assert not result.passed and [o.passed for o in result.outputs] == [True, False]
+
+
+def test_stray_write_in_kv_cache_is_caught() -> None:
+    spec, case = _case("kv_cache_store")
+
+    def stray(k_cache, v_cache, k, v, start_pos):
+        spec.impl(k_cache, v_cache, k, v, start_pos)
+        k_cache[:, -1] = 0  # a row nobody asked to write
+
+    assert not check(spec, case, stray).passed
+
+
+def test_write_to_an_input_is_caught() -> None:
+    spec, case = _case("rms_norm")
+
+    def clobbers_input(x, w, eps):
+        y = norm.rms_norm(x, w, eps)
+        x.zero_()
+        return y
+
+    result = check(spec, case, clobbers_input)
+    assert not result.passed and any("wrote to this input" in o.reason for o in result.outputs)
+
+
+def test_write_outside_a_view_is_caught() -> None:
+    spec, case = _case("rms_norm", pad=3)
+
+    def writes_padding(x, w, eps):
+        y = norm.rms_norm(x, w, eps)
+        x.as_strided((x.shape[0],), (x.stride(0),), x.storage_offset() + x.shape[1]).zero_()
+        return y
+
+    assert not check(spec, case, writes_padding).passed
+
+
+def test_unwritten_output_is_caught() -> None:
+    spec, case = _case("rms_norm")
+    assert not check(
+        spec, case, lambda x, w, eps: torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ).passed
+    assert not check(spec, case, buggy_kernels.rms_norm_half_written).passed
+
+
+def test_nan_where_reference_is_finite_is_caught() -> None:
+    spec, case = _case("add")
+
+    def one_nan(x, y):
+        out = spec.impl(x, y)
+        out.view(-1)[5] = float("nan")
+        return out
+
+    result = check(spec, case, one_nan)
+    assert not result.passed and "NaN/Inf" in result.outputs[0].reason
+
+
+def test_non_contiguous_output_is_caught() -> None:
+    spec, case = _case("add")
+    result = check(spec, case, lambda x, y: spec.impl(x, y).t().contiguous().t())
+    assert not result.passed and "contiguous" in result.outputs[0].reason
+
+
+def test_missing_output_is_caught() -> None:
+    spec, case = _case("add_rms_norm")
+    assert not check(spec, case, lambda x, r, w, eps: norm.add_rms_norm(x, r, w, eps)[0]).passed
+
+
+def test_exception_in_impl_is_a_failure_with_the_error() -> None:
+    spec, case = _case("add")
+
+    def boom(x, y):
+        raise RuntimeError("kernel exploded")
+
+    result = check(spec, case, boom)
+    assert not result.passed and "kernel exploded" in result.error
+
+
+def test_max_error_ratio_floor_keeps_an_exact_baseline_satisfiable() -> None:
+    # In fp32, plain torch *is* the reference computation: its error against fp64 can be
+    # ~0, and without the one-ulp floor the kernel would have to be exact.
+    spec, case = _case("rms_norm", dtype="float32")
+    assert check(spec, case).passed
+
+
+def test_ulp_is_the_rounding_step() -> None:
+    assert ulp(torch.bfloat16, 1.0) == 2**-7
+    assert ulp(torch.bfloat16, 3.0) == 2**-6
+    assert ulp(torch.float32, 1.0) == 2**-23
+
+
+def test_tolerance_lookup_falls_back_to_default_and_refuses_unknown_dtypes() -> None:
+    assert lookup("apply_rope", torch.bfloat16) == Tolerance("allclose", atol=1e-6, rtol=0.008)
+    assert lookup("embedding", torch.bfloat16).rule == "exact"
+    with pytest.raises(KeyError, match="float64"):
+        lookup("apply_rope", torch.float64)

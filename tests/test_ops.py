@@ -1,0 +1,160 @@
+"""Per-op tests, generated from the registry: nothing here is written per op.
+
+For every registered op: Hypothesis-drawn cases match the reference; the named model shapes
+match (GPU-sized ones on the GPU); deterministic ops are bitwise stable run to run; canary
+implementations (zeros, the input unchanged, NaN) are caught; bad inputs are refused with an
+error that names the argument.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+import registry
+from ops import backend
+from verify import limits
+from verify.compare import _outputs, arg_names, check, clone_args
+
+DEVICE = backend.device()
+OPS = registry.names()
+EXAMPLES = [
+    pytest.param(
+        spec.name, ex, id=f"{spec.name}-{ex['name']}", marks=[pytest.mark.gpu] if ex.get("gpu", True) else []
+    )
+    for spec in registry.all()
+    for ex in spec.examples
+]
+
+
+@pytest.mark.parametrize("name", OPS)
+@given(data=st.data())
+def test_matches_reference(name: str, data: st.DataObject) -> None:
+    spec = registry.get(name)
+    params = data.draw(spec.params(limits.current()), label="params")
+    case = spec.build(params, DEVICE)
+    for label in case.labels:
+        event(label)
+    result = check(spec, case)
+    assert result.passed, result.describe()
+
+
+@pytest.mark.parametrize(("name", "example"), EXAMPLES)
+def test_named_example(name: str, example: dict) -> None:
+    spec = registry.get(name)
+    result = check(spec, spec.build(registry.example_params(example), DEVICE))
+    assert result.passed, result.describe()
+
+
+def _run(spec: registry.OpSpec, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    names = arg_names(spec.reference)
+    outs = _outputs(spec.impl(*args, **kwargs))
+    return [t for _, t in outs] + [args[names.index(n)] for n in spec.mutates]
+
+
+@pytest.mark.parametrize("name", [s.name for s in registry.all() if s.deterministic])
+def test_bitwise_deterministic(name: str) -> None:
+    spec = registry.get(name)
+    case = spec.build(spec.typical, DEVICE)
+    first = _run(spec, *clone_args(case))
+    second = _run(spec, *clone_args(case))
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(
+            a.view(torch.uint8) if a.dtype.is_floating_point else a,
+            b.view(torch.uint8) if b.dtype.is_floating_point else b,
+        )
+
+
+# ---- canaries: implementations that must never pass ---------------------------------------------
+
+
+def _canary(spec: registry.OpSpec, kind: str):
+    """Build a wrong implementation from the reference: its outputs zeroed, NaN, or never written."""
+    names = arg_names(spec.reference)
+
+    def impl(*args, **kwargs):
+        if kind == "unchanged":  # does nothing: returns its first input, writes no buffer
+            return None if spec.mutates else args[0].clone()
+        result = spec.reference(*args, **kwargs)
+        targets = [t for _, t in _outputs(result)] + [args[names.index(n)] for n in spec.mutates]
+        for t in targets:
+            if kind == "zeros":
+                t.zero_()
+            elif t.dtype.is_floating_point:
+                t.fill_(float("nan"))
+            else:
+                t.fill_(-1)
+        return result
+
+    return impl
+
+
+def _canary_params(spec: registry.OpSpec) -> list[dict]:
+    """The typical case, and where it has a value distribution, the same case with tiny values."""
+    typical = spec.typical
+    variants = [typical]
+    if "dist" in typical:
+        variants.append({**typical, "dist": "tiny"})
+    return variants
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("kind", ["zeros", "unchanged", "nan"])
+def test_canary_fails(name: str, kind: str) -> None:
+    spec = registry.get(name)
+    for params in _canary_params(spec):
+        result = check(spec, spec.build(params, DEVICE), _canary(spec, kind))
+        assert not result.passed, f"a '{kind}' implementation passed {name} on {params}"
+
+
+# ---- bad inputs ---------------------------------------------------------------------------------
+
+
+INVALID = [
+    pytest.param(spec.name, i, id=f"{spec.name}-{bad.what}")
+    for spec in registry.all()
+    for i, bad in enumerate(spec.invalid)
+]
+
+
+@pytest.mark.parametrize(("name", "index"), INVALID)
+def test_rejects_invalid_input(name: str, index: int) -> None:
+    spec = registry.get(name)
+    bad = spec.invalid[index]
+    case = spec.build(spec.typical, DEVICE)
+    args = dict(zip(arg_names(spec.reference), case.args, strict=False))
+    bad.mutate(args)
+    with pytest.raises(bad.error, match=bad.arg):
+        spec.impl(*args.values(), **case.kwargs)
+
+
+TENSOR_ARGS = [
+    pytest.param(spec.name, arg, id=f"{spec.name}-{arg}")
+    for spec in registry.all()
+    for arg, value in zip(
+        arg_names(spec.reference), spec.build(spec.typical, torch.device("cpu")).args, strict=False
+    )
+    if isinstance(value, torch.Tensor)
+]
+
+
+@pytest.mark.parametrize(("name", "arg"), TENSOR_ARGS)
+def test_rejects_wrong_dtype(name: str, arg: str) -> None:
+    spec = registry.get(name)
+    case = spec.build(spec.typical, DEVICE)
+    args = dict(zip(arg_names(spec.reference), case.args, strict=False))
+    args[arg] = args[arg].to(torch.float64 if args[arg].dtype.is_floating_point else torch.float32)
+    with pytest.raises(TypeError, match=arg):
+        spec.impl(*args.values(), **case.kwargs)
+
+
+@pytest.mark.parametrize(("name", "arg"), TENSOR_ARGS)
+def test_rejects_wrong_device(name: str, arg: str) -> None:
+    spec = registry.get(name)
+    case = spec.build(spec.typical, DEVICE)
+    args = dict(zip(arg_names(spec.reference), case.args, strict=False))
+    args[arg] = args[arg].to("meta" if DEVICE.type == "cpu" else "cpu")
+    with pytest.raises(ValueError, match=arg):
+        spec.impl(*args.values(), **case.kwargs)

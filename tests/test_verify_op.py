@@ -1,0 +1,75 @@
+"""``python -m verify.op``: verdicts, exit codes, outside implementations, bad usage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def verify_op(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verify.op", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_list_shows_every_op_with_article_numbers() -> None:
+    import registry
+
+    run = verify_op("--list")
+    assert run.returncode == 0
+    for spec in registry.all():
+        assert spec.name in run.stdout
+    assert "1, 12, 20, qk-norm" in run.stdout
+
+
+def test_registered_kernel_verifies(tmp_path: Path) -> None:
+    report = tmp_path / "out.json"
+    run = verify_op("rms_norm", "--examples", "10", "--seed", "3", "--json", str(report))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "VERIFIED" in run.stdout and "edge classes covered" in run.stdout
+    data = json.loads(report.read_text())
+    assert data["passed"] and data["cases"] == 10 and data["coverage"]
+
+
+def test_reference_as_outside_impl_verifies() -> None:
+    run = verify_op("add_rms_norm", "--impl", "references.norm:add_rms_norm", "--examples", "10")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
+    run = verify_op("rms_norm", "--impl", "tests/buggy_kernels.py:rms_norm_tail_dropped", "--examples", "30")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES" in run.stdout and "smallest failing case after shrinking" in run.stdout
+    repro = next(line for line in run.stdout.splitlines() if "repro:" in line)
+    case = json.loads(repro.split("--case ", 1)[1].split(" --impl")[0].strip("'"))
+    assert case["n"] < 16 and len(case["lead"]) == 1  # shrunk toward the smallest shape that still fails
+    # the repro command reproduces the failure on its own
+    rerun = verify_op(
+        "rms_norm", "--case", json.dumps(case), "--impl", "tests/buggy_kernels.py:rms_norm_tail_dropped"
+    )
+    assert rerun.returncode == 1 and "DIVERGES" in rerun.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("no_such_op",), "unknown op"),
+        ((), "op name is required"),
+        (("rms_norm", "--impl", "no_such_module:fn"), "importing no_such_module failed"),
+        (("rms_norm", "--impl", "tests/missing.py:fn"), "no file"),
+        (("rms_norm", "--impl", "references.norm:nope"), "no callable"),
+        (("rms_norm", "--impl", "references.elementwise:add"), "does not match the rms_norm signature"),
+        (("rms_norm", "--impl", "just_a_name"), "expected MODULE:FN"),
+        (("rms_norm", "--case", "{not json"), "not a valid rms_norm case"),
+    ],
+)
+def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
+    run = verify_op(*args)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert message in run.stderr
