@@ -16,11 +16,12 @@ MAX_N = 32768  # one row lives in registers; larger rows would spill badly
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, N, eps, BLOCK_N: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, R, stride_outer, stride_row, N, eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x_row = x_ptr + (row // R) * stride_outer + (row % R) * stride_row
+    x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
     y = x * inv_rms * w
@@ -67,13 +68,14 @@ def rms_norm(
     """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, in fp32, rounded once."""
     n = _check_norm_args(x, weight, eps)
     validate.same_dtype("weight", weight, "x", x)
-    rows = validate.as_rows("x", x)
+    grid = validate.as_row_grid("x", x)  # per-head rows of a fused QKV view work too (qk-norm)
     y = validate.output(out, x.shape, x.dtype, x)
-    if rows.shape[0] == 0 or n == 0:
+    outer, per_outer = grid.shape[0], grid.shape[1]
+    if outer * per_outer == 0 or n == 0:
         return y
     block, warps = _launch_config(n)
-    _rms_norm_kernel[(rows.shape[0],)](
-        rows, weight, y, rows.stride(0), n, eps, BLOCK_N=block, num_warps=warps
+    _rms_norm_kernel[(outer * per_outer,)](
+        grid, weight, y, per_outer, grid.stride(0), grid.stride(1), n, eps, BLOCK_N=block, num_warps=warps
     )
     return y
 

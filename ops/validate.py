@@ -75,6 +75,20 @@ def positive(name: str, value: object, *, integer: bool = False) -> None:
         raise ValueError(f"{name}: expected {want}, got {value!r}")
 
 
+def as_row_grid(name: str, t: torch.Tensor) -> torch.Tensor:
+    """View ``t[..., R, N]`` as ``[outer, R, N]`` without a copy: two row strides, which covers
+    per-head rows of a fused QKV output (``[B, S, H, D]`` with a gap between tokens)."""
+    if t.dim() == 1:
+        return t.view(1, 1, -1)
+    try:
+        return t.view(-1, t.shape[-2], t.shape[-1])
+    except RuntimeError:
+        raise ValueError(
+            f"{name}: dims before the last two cannot be flattened (shape {tuple(t.shape)}, strides "
+            f"{t.stride()}); pass a tensor whose leading dims share one stride"
+        ) from None
+
+
 def as_rows(name: str, t: torch.Tensor) -> torch.Tensor:
     """View ``t[..., N]`` as ``[rows, N]`` without a copy, or refuse the layout."""
     try:

@@ -27,7 +27,8 @@ def _fields(limits: Limits) -> dict:
 
 
 def rms_norm_params(limits: Limits) -> st.SearchStrategy[dict]:
-    return st.fixed_dictionaries(_fields(limits))
+    # head_gap: x is [..., H, D] taken from a wider [..., H + gap, D] buffer (qk-norm on the QKV output)
+    return st.fixed_dictionaries({**_fields(limits), "head_gap": st.one_of(st.just(0), st.integers(1, 3))})
 
 
 def add_rms_norm_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -43,7 +44,7 @@ def _weight(params: dict, gen: torch.Generator, device: torch.device) -> torch.T
 
 def _labels(params: dict) -> tuple[str, ...]:
     out = labels_for(params, N=params["n"], M=math.prod(params["lead"]))
-    if params["pad"] or params.get("residual_pad"):
+    if params["pad"] or params.get("residual_pad") or params.get("head_gap"):
         out.append("non-contiguous")
     if len(params["lead"]) > 1:
         out.append(f"{len(params['lead']) + 1}-d input")
@@ -52,8 +53,9 @@ def _labels(params: dict) -> tuple[str, ...]:
 
 def rms_norm_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
-    shape = (*params["lead"], params["n"])
-    x = strided_view(shape, dtype_of(params), params["dist"], gen, device, params["pad"])
+    lead, gap = params["lead"], params.get("head_gap", 0)
+    shape = (*lead[:-1], lead[-1] + gap, params["n"])
+    x = strided_view(shape, dtype_of(params), params["dist"], gen, device, params["pad"])[..., : lead[-1], :]
     return Case(params, (x, _weight(params, gen, device), params["eps"]), labels=_labels(params))
 
 
@@ -86,7 +88,7 @@ RMS_NORM_EXAMPLES = (
     _example("article decode row (hidden 1024)", [1], 1024),
     _example("article prefill 256 x 1024", [1, 256], 1024),
     _example("qwen2.5 hidden 896, large values", [1, 64], 896, dist="large"),
-    _example("qwen3 qk-norm [1, 256, 16, 128]", [1, 256, 16], 128),
+    _example("qwen3 qk-norm on the fused QKV output", [1, 256, 16], 128, head_gap=16),
     _example("intermediate width 4864, strided", [2, 7], 4864, pad=5),
     _example("tiny values hit eps", [3], 1024, dist="tiny", eps=1e-5, gpu=False),
 )

@@ -1,0 +1,1 @@
+"""The decoder: config, safetensors loading, reference and Triton models, CUDA Graph decode."""

@@ -1,0 +1,237 @@
+"""``ModelConfig``: the decoder's shape, parsed from an HF ``config.json`` or a named preset.
+
+Supported families: ``llama``, ``qwen2`` (QKV bias) and ``qwen3`` (per-head q/k RMSNorm).
+Anything that changes the math and that the kernels do not implement (rope scaling, sliding
+window, MLP bias, another activation) is refused with a message, never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+class ConfigError(ValueError):
+    """A config this project cannot run faithfully."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    rotary_dim: int = 0  # 0: the whole head_dim rotates
+    tie_word_embeddings: bool = True
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 32768
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"family {self.family!r} is not one of {FAMILIES}")
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name}: expected a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.rotary_dim == 0:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ConfigError(
+                f"rotary dim {self.rotary_dim} must be even and within head_dim {self.head_dim}"
+            )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def qkv_size(self) -> int:
+        return self.q_size + 2 * self.kv_size
+
+    def num_parameters(self) -> int:
+        h, i = self.hidden_size, self.intermediate_size
+        layer = h * self.qkv_size + self.q_size * h + 3 * h * i + 2 * h
+        layer += self.qkv_size if self.qkv_bias else 0
+        layer += 2 * self.head_dim if self.qk_norm else 0
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * layer + h + head
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # The seed article's dense config: Qwen3-0.6B-like widths, no bias, no qk-norm.
+    "article": ModelConfig("llama", 151936, 1024, 4864, 28, 8, 2, 128, 1e-6, 1e6, eos_token_ids=(151645,)),
+    "qwen3-0.6b": ModelConfig(
+        "qwen3",
+        151936,
+        1024,
+        3072,
+        28,
+        16,
+        8,
+        128,
+        1e-6,
+        1e6,
+        qk_norm=True,
+        max_position_embeddings=40960,
+        eos_token_ids=(151645,),
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        "qwen2",
+        151936,
+        896,
+        4864,
+        24,
+        14,
+        2,
+        64,
+        1e-6,
+        1e6,
+        qkv_bias=True,
+        eos_token_ids=(151645,),
+    ),
+}
+
+
+def _require(cfg: dict, key: str, path: str) -> Any:
+    if key not in cfg:
+        raise ConfigError(f"{path}: missing required field {key!r}")
+    return cfg[key]
+
+
+def from_hf_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
+    """Parse an HF config dict; refuse what the kernels would silently get wrong."""
+    family = cfg.get("model_type")
+    if family not in FAMILIES:
+        raise ConfigError(f"{path}: model_type {family!r} is not supported; expected one of {FAMILIES}")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{path}: hidden_act {act!r} is not supported (the MLP kernel is SwiGLU with silu)")
+    rope = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if scaling or rope_type != "default":
+        raise ConfigError(f"{path}: rope scaling {scaling or rope!r} is not implemented (only default RoPE)")
+    if cfg.get("use_sliding_window"):
+        raise ConfigError(f"{path}: sliding-window attention is not implemented")
+    layer_types = cfg.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ConfigError(f"{path}: layer_types {sorted(set(layer_types))} include non-full attention")
+    if cfg.get("mlp_bias"):
+        raise ConfigError(f"{path}: mlp_bias is not implemented")
+    if family != "qwen2" and cfg.get("attention_bias"):  # llama/qwen3 put it on o_proj too
+        raise ConfigError(f"{path}: attention_bias (q/k/v/o projection bias) is not implemented for {family}")
+    if cfg.get("pretraining_tp", 1) != 1:
+        raise ConfigError(f"{path}: pretraining_tp != 1 is not implemented")
+    hidden = _require(cfg, "hidden_size", path)
+    heads = _require(cfg, "num_attention_heads", path)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    try:
+        return ModelConfig(
+            family=family,
+            vocab_size=_require(cfg, "vocab_size", path),
+            hidden_size=hidden,
+            intermediate_size=_require(cfg, "intermediate_size", path),
+            num_layers=_require(cfg, "num_hidden_layers", path),
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rotary_dim=int(head_dim * cfg.get("partial_rotary_factor", 1.0)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family != "llama")),
+            qkv_bias=family == "qwen2",
+            qk_norm=family == "qwen3",
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            eos_token_ids=eos_ids,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def load(path: str | Path) -> ModelConfig:
+    """A config from a checkpoint directory (its ``config.json``) or a ``config.json`` file."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"{path}: no config.json found")
+    try:
+        cfg = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{file}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{file}: expected a JSON object")
+    return from_hf_dict(cfg, str(file))
+
+
+def to_hf_dict(config: ModelConfig) -> dict:
+    """The HF ``config.json`` for a config (random-weight checkpoints of the presets use it)."""
+    out = {
+        "model_type": config.family,
+        "architectures": [
+            {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[
+                config.family
+            ]
+        ],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
+        "rope_theta": config.rope_theta,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "attention_bias": False,
+        "dtype": "bfloat16",
+    }
+    if config.eos_token_ids:
+        out["eos_token_id"] = (
+            list(config.eos_token_ids) if len(config.eos_token_ids) > 1 else config.eos_token_ids[0]
+        )
+    return out
+
+
+def resolve(model: str | Path) -> ModelConfig:
+    """A preset name or a checkpoint directory."""
+    if str(model) in PRESETS:
+        return PRESETS[str(model)]
+    return load(model)

@@ -1,0 +1,233 @@
+"""The decoder forward, written once over named ops, run with either set of implementations.
+
+The reference model runs it on ``references/``, the Triton model on ``ops/``: the same
+layers, the same op calls in the same order, so ``verify.bisect`` can line the two up op by
+op and ``--inject`` can swap one op in one layer. Whether the shared structure itself is
+right (residual wiring, the order of norm, RoPE and attention) is checked independently
+against HF transformers (tests/test_hf_oracle.py).
+
+Per layer, as in HF's Llama/Qwen2/Qwen3 decoder layers::
+
+    h, residual = add_rms_norm(x, residual, input_norm)     # rms_norm(x) for layer 0
+    q, k, v     = split(linear(h, W_qkv, b_qkv))            # one fused GEMM, views
+    q, k        = rms_norm(q, q_norm), rms_norm(k, k_norm)  # qwen3 only
+    q, k        = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    kv_cache_store(k_cache, v_cache, k, v, start_pos)
+    a           = attention(q, k_cache, v_cache, start_pos + S, 1/sqrt(D))
+    x           = linear(a, W_o)
+    h, residual = add_rms_norm(x, residual, post_norm)
+    x           = linear(silu_mul(split(linear(h, W_gate_up))), W_down)
+
+and after the last layer ``logits = linear(add_rms_norm(x, residual, final_norm), lm_head)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model.weights import Weights
+
+OPS = (
+    "embedding",
+    "rms_norm",
+    "add_rms_norm",
+    "linear",
+    "rope_cos_sin",
+    "apply_rope",
+    "kv_cache_store",
+    "attention",
+    "silu_mul",
+    "argmax",
+)
+MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, lm_head
+
+
+@dataclass
+class OpCall:
+    """One op invocation, as a recorder sees it: where, which op, its inputs and outputs."""
+
+    layer: int
+    point: str  # the hook point, e.g. "q_rope" or "down_proj"
+    op: str
+    args: tuple
+    kwargs: dict
+    output: Any
+
+
+def _accepts_out(fn: Callable) -> bool:
+    try:
+        return "out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class Decoder:
+    """A Llama/Qwen2/Qwen3 decoder over a static KV cache, its ops looked up by name.
+
+    ``impls`` maps op name -> implementation. With ``static=True`` every op writes into a
+    buffer allocated on first use and reused after (the CUDA Graph discipline: after one
+    warm-up step, a step allocates nothing).
+    """
+
+    def __init__(
+        self,
+        weights: Weights,
+        impls: dict[str, Callable],
+        max_batch: int,
+        max_seq: int,
+        static: bool = False,
+        name: str = "decoder",
+    ) -> None:
+        c = weights.config
+        self.config, self.weights, self.name = c, weights, name
+        self.impls = dict(impls)
+        self.overrides: dict[tuple[str, int], Callable] = {}
+        self.recorder: Callable[[OpCall], None] | None = None
+        self.static = static
+        self.buffers: dict[tuple, Any] = {}
+        self._shape: tuple[int, int] = (0, 0)  # (B, S) of the forward in progress: keys static buffers
+        self.max_batch, self.max_seq = max_batch, max_seq
+        device, dtype = weights.embed.device, weights.dtype
+        shape = (max_batch, max_seq, c.num_kv_heads, c.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
+        self.scale = 1.0 / math.sqrt(c.head_dim)
+
+    # ---- op dispatch: overrides, static outputs, recording ------------------------------------
+
+    def inject(self, op: str, impl: Callable, layers: list[int]) -> None:
+        """Use ``impl`` for ``op`` in these layers (``verify.bisect --inject``)."""
+        if op not in self.impls:
+            raise KeyError(f"unknown op {op!r}; the decoder calls {', '.join(OPS)}")
+        for layer in layers:
+            self.overrides[(op, layer)] = impl
+
+    def op(self, layer: int, point: str, name: str, *args: Any, slot: int = 0) -> Any:
+        """Call op ``name`` at hook ``point`` of ``layer``.
+
+        Static mode: the first call's outputs become the buffers that later calls write into
+        (``out=``); ``slot`` keeps apart buffers that are alive at the same time (the residual
+        streams of consecutive ``add_rms_norm`` calls).
+        """
+        fn = self.overrides.get((name, layer), self.impls[name])
+        key = (point, slot, self._shape)
+        buffers = self.buffers.get(key) if self.static else None
+        if buffers is not None and _accepts_out(fn):
+            result = fn(*args, out=buffers)
+        else:
+            result = fn(*args)
+            if self.static and result is not None and buffers is None:
+                self.buffers[key] = result if isinstance(result, torch.Tensor) else tuple(result)
+        if self.recorder is not None:
+            self.recorder(OpCall(layer, point, name, args, {}, result))
+        return result
+
+    # ---- the forward ---------------------------------------------------------------------------
+
+    def positions(self, start_pos: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """``start_pos[b] + i`` for the new tokens, ``[B, S]`` int64."""
+        steps = self._const(("arange", new_tokens), lambda: torch.arange(new_tokens, device=start_pos.device))
+        if not self.static:
+            return start_pos.long()[:, None] + steps
+        out = self._const(
+            ("positions", tuple(start_pos.shape), new_tokens),
+            lambda: torch.empty(start_pos.shape[0], new_tokens, dtype=torch.int64, device=start_pos.device),
+        )
+        return torch.add(start_pos[:, None], steps, out=out)
+
+    def seq_lens(self, start_pos: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        if not self.static:
+            return start_pos + new_tokens
+        out = self._const(("seq_lens", tuple(start_pos.shape)), lambda: torch.empty_like(start_pos))
+        return torch.add(start_pos, new_tokens, out=out)
+
+    def _const(self, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if key not in self.buffers:
+            self.buffers[key] = make()
+        return self.buffers[key]
+
+    def layer(
+        self,
+        n: int,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start_pos: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer: ``(x, residual)`` in, ``(mlp output, residual)`` out; their sum is the stream."""
+        c, w = self.config, self.weights.layers[n]
+        batch, seq, hidden = x.shape
+        eps = c.rms_norm_eps
+        if residual is None:
+            h, residual = self.op(n, "attn_norm", "rms_norm", x, w.input_norm, eps), x
+        else:
+            h, residual = self.op(n, "attn_norm", "add_rms_norm", x, residual, w.input_norm, eps, slot=n % 2)
+        qkv = self.op(n, "qkv_proj", "linear", h.view(batch * seq, hidden), w.qkv, w.qkv_bias)
+        heads = qkv.view(batch, seq, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        q = heads[:, :, : c.num_heads]
+        k = heads[:, :, c.num_heads : c.num_heads + c.num_kv_heads]
+        v = heads[:, :, c.num_heads + c.num_kv_heads :]
+        if c.qk_norm:
+            q = self.op(n, "q_norm", "rms_norm", q, w.q_norm, eps)
+            k = self.op(n, "k_norm", "rms_norm", k, w.k_norm, eps)
+        q = self.op(n, "q_rope", "apply_rope", q, cos, sin)
+        k = self.op(n, "k_rope", "apply_rope", k, cos, sin)
+        self.op(n, "kv_store", "kv_cache_store", self.k_cache[n], self.v_cache[n], k, v, start_pos)
+        a = self.op(n, "attention", "attention", q, self.k_cache[n], self.v_cache[n], seq_lens, self.scale)
+        o = self.op(n, "o_proj", "linear", a.view(batch * seq, c.q_size), w.o_proj, None)
+        h, residual = self.op(
+            n,
+            "mlp_norm",
+            "add_rms_norm",
+            o.view(batch, seq, hidden),
+            residual,
+            w.post_norm,
+            eps,
+            slot=2 + n % 2,
+        )
+        gate_up = self.op(n, "gate_up_proj", "linear", h.view(batch * seq, hidden), w.gate_up, None)
+        inter = c.intermediate_size
+        act = self.op(n, "silu_mul", "silu_mul", gate_up[:, :inter], gate_up[:, inter:])
+        down = self.op(n, "down_proj", "linear", act, w.down, None)
+        return down.view(batch, seq, hidden), residual
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        start_pos: torch.Tensor,
+        all_logits: bool = False,
+        layer_hook: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
+        """Run ``ids[B, S]`` whose first token sits at ``start_pos[b]`` (device int32 ``[B]``).
+
+        Writes the new keys and values into the cache; returns fp32-free logits in the model
+        dtype, ``[B, V]`` for the last token (or ``[B, S, V]`` with ``all_logits``).
+        ``layer_hook(n, x, residual)`` sees each layer's output pair.
+        """
+        c, w = self.config, self.weights
+        batch, seq = ids.shape
+        self._shape = (batch, seq)
+        x = self.op(MODEL_LAYER, "embedding", "embedding", ids, w.embed)
+        cos, sin = self.op(
+            MODEL_LAYER, "rope", "rope_cos_sin", self.positions(start_pos, seq), c.rotary_dim, c.rope_theta
+        )
+        seq_lens = self.seq_lens(start_pos, seq)
+        residual = None
+        for n in range(c.num_layers):
+            x, residual = self.layer(n, x, residual, cos, sin, start_pos, seq_lens)
+            if layer_hook is not None:
+                layer_hook(n, x, residual)
+        h, _ = self.op(
+            MODEL_LAYER, "final_norm", "add_rms_norm", x, residual, w.final_norm, c.rms_norm_eps, slot=4
+        )
+        rows = h.view(batch * seq, c.hidden_size) if all_logits else h[:, -1]
+        logits = self.op(MODEL_LAYER, "lm_head", "linear", rows, w.lm_head, None)
+        return logits.view(batch, seq, c.vocab_size) if all_logits else logits

@@ -1,0 +1,80 @@
+"""Greedy generation: prefill the prompt, then decode one token at a time until EOS or the limit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from model.decoder import Decoder
+from model.graph import DecodeRunner
+
+
+def check_prompt(ids: torch.Tensor, model: Decoder, max_new_tokens: int) -> None:
+    """Refuse prompts the model cannot run, before any kernel sees them."""
+    if ids.dim() != 2:
+        raise ValueError(f"prompt ids: expected [batch, tokens], got shape {tuple(ids.shape)}")
+    batch, length = ids.shape
+    if length == 0 or batch == 0:
+        raise ValueError("prompt ids: the prompt is empty")
+    if batch > model.max_batch:
+        raise ValueError(f"prompt ids: batch {batch} exceeds the model's cache batch {model.max_batch}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"prompt ids: expected an integer tensor, got {ids.dtype}")
+    vocab = model.config.vocab_size
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise ValueError(f"prompt ids: token id {bad} is outside the vocabulary [0, {vocab})")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
+    if length + max_new_tokens > model.max_seq:
+        raise ValueError(
+            f"prompt of {length} tokens + {max_new_tokens} new tokens exceeds the KV cache capacity "
+            f"{model.max_seq}"
+        )
+
+
+def prefill(model: Decoder, ids: torch.Tensor) -> torch.Tensor:
+    """Run the whole prompt from position 0; return the last token's logits ``[B, V]``."""
+    start = torch.zeros(ids.shape[0], dtype=torch.int32, device=ids.device)
+    return model.forward(ids, start)
+
+
+def generate(
+    model: Decoder,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int] = (),
+    runner: DecodeRunner | None = None,
+) -> torch.Tensor:
+    """Greedy tokens ``[B, n]`` (n <= max_new_tokens; rows that hit EOS early are padded with EOS).
+
+    ``runner``: a ``DecodeRunner`` over ``model`` (CUDA Graph decode); without one, decode steps
+    run eagerly, as the reference model does.
+    """
+    ids = ids.to(model.weights.embed.device)
+    check_prompt(ids, model, max_new_tokens)
+    batch, length = ids.shape
+    tokens = torch.empty(batch, max_new_tokens, dtype=torch.int64, device=ids.device)
+    if max_new_tokens == 0:
+        return tokens
+    argmax = model.impls["argmax"]
+    token = argmax(prefill(model, ids))
+    eos = torch.tensor(list(eos_token_ids), device=ids.device) if eos_token_ids else None
+    finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+    for step in range(max_new_tokens):
+        tokens[:, step] = torch.where(finished, tokens[:, step - 1], token) if step else token
+        if eos is not None:
+            finished |= torch.isin(tokens[:, step], eos)
+            if bool(finished.all()):  # the one host sync per step, only when EOS can stop us
+                return tokens[:, : step + 1]
+        if step + 1 == max_new_tokens:
+            break
+        position = length + step
+        if runner is not None:
+            token = runner.step(tokens[:, step], position)
+        else:
+            start = torch.full((batch,), position, dtype=torch.int32, device=ids.device)
+            token = argmax(model.forward(tokens[:, step : step + 1], start))
+    return tokens

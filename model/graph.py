@@ -1,0 +1,79 @@
+"""CUDA Graph decode: one decode step captured once, replayed at every position.
+
+The rules (seed article): warm every kernel up before capture (no compilation inside it);
+every buffer exists before capture (KV cache, activations, split-K partials, attention
+scratch, logits, next token); the token and the position are device tensors written before
+each replay; greedy argmax runs inside the graph; no allocation, host sync, data-dependent
+Python branch or autotuning inside the captured step. On CPU the same runner executes the
+step uncaptured on the same static buffers, so CI exercises the buffer discipline.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model.decoder import MODEL_LAYER, Decoder
+
+
+class DecodeRunner:
+    """Decode steps of ``model`` for a fixed batch size, through static buffers (and a graph on CUDA)."""
+
+    def __init__(self, model: Decoder, batch: int, use_graph: bool | None = None) -> None:
+        if batch > model.max_batch:
+            raise ValueError(f"batch: {batch} exceeds the model's cache batch {model.max_batch}")
+        self.model, self.batch = model, batch
+        device = model.weights.embed.device
+        self.use_graph = device.type == "cuda" if use_graph is None else use_graph
+        self.ids = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        self.start_pos = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.logits: torch.Tensor | None = None
+        self.next_token: torch.Tensor | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def _step(self) -> None:
+        """The captured step: forward one token per row, then greedy argmax, all into static buffers."""
+        model = self.model
+        model.static = True
+        try:
+            self.logits = model.forward(self.ids, self.start_pos)
+            self.next_token = model.op(MODEL_LAYER, "argmax", "argmax", self.logits)
+        finally:
+            model.static = False
+
+    def prepare(self) -> None:
+        """Warm up (compile every kernel, allocate every buffer), then capture on CUDA.
+
+        Warm-up runs the step on the current ``ids``/``start_pos``: it writes that KV cache row.
+        """
+        if self.next_token is not None:
+            return
+        if not self.use_graph:
+            self._step()
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # the first call allocates the static buffers, the second reuses them
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step()
+
+    def step(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens[B]`` at ``position`` (one int, or per row); return the static next-token buffer.
+
+        The logits of the step stay readable in ``self.logits`` until the next step.
+        """
+        self.ids.copy_(tokens.view(self.batch, 1))
+        if isinstance(position, torch.Tensor):
+            self.start_pos.copy_(position)
+        else:
+            self.start_pos.fill_(position)
+        # Warm-up runs this very step (same token, same cache row), so it is harmless to repeat.
+        self.prepare()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._step()
+        return self.next_token

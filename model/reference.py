@@ -1,0 +1,17 @@
+"""The reference decoder: the shared forward (model/decoder.py) run on ``references/`` only.
+
+Plain eager torch, every op in fp32 math with one rounding per op output: the yardstick
+the Triton model is compared with, layer by layer and token by token. Its own faithfulness
+to HF's modeling code is checked against transformers in tests/test_hf_oracle.py.
+"""
+
+from __future__ import annotations
+
+import registry
+from model.decoder import OPS, Decoder
+from model.weights import Weights
+
+
+def build(weights: Weights, max_batch: int, max_seq: int) -> Decoder:
+    impls = {name: registry.get(name).reference for name in OPS}
+    return Decoder(weights, impls, max_batch, max_seq, static=False, name="reference")

@@ -1,0 +1,244 @@
+"""Load a decoder's weights from HF safetensors, tensor by tensor, into the layout the kernels use.
+
+q/k/v projections are fused into one ``[q + 2 kv, H]`` matrix and gate/up into one
+``[2 I, H]`` matrix at load time (one GEMM each instead of three and two). Each fused matrix
+is allocated once on the target device and filled slice by slice, so no step holds two
+copies of the model. Every tensor name, shape and dtype is checked against the config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from model.config import ModelConfig
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not match its config: names the tensor and the file."""
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [q + 2 kv, H]: q rows, then k, then v
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [D], qwen3
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor  # [H, q]
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 I, H]: gate rows, then up
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass
+class Weights:
+    config: ModelConfig
+    embed: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
+    dtype: torch.dtype = torch.bfloat16
+    source: str = ""
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name the config implies, with its shape."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    for n in range(config.num_layers):
+        p = f"model.layers.{n}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (config.q_size, h),
+            p + "self_attn.k_proj.weight": (config.kv_size, h),
+            p + "self_attn.v_proj.weight": (config.kv_size, h),
+            p + "self_attn.o_proj.weight": (h, config.q_size),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
+        if config.qkv_bias:
+            shapes |= {
+                p + "self_attn.q_proj.bias": (config.q_size,),
+                p + "self_attn.k_proj.bias": (config.kv_size,),
+                p + "self_attn.v_proj.bias": (config.kv_size,),
+            }
+        if config.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    return shapes
+
+
+def _weight_map(directory: Path) -> dict[str, Path]:
+    """Tensor name -> file, from the shard index or the single file's header."""
+    index = directory / INDEX_FILE
+    if index.is_file():
+        try:
+            mapping = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise WeightsError(f"{index}: not a valid safetensors index ({exc})") from None
+        files = {name: directory / file for name, file in mapping.items()}
+        for file in set(files.values()):
+            if not file.is_file():
+                raise WeightsError(f"{index}: names shard {file.name}, which does not exist")
+        return files
+    single = directory / SINGLE_FILE
+    if not single.is_file():
+        raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}")
+    with _open(single) as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+def _open(file: Path):
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise WeightsError(f"{file}: cannot read safetensors (truncated or corrupt?): {exc}") from None
+
+
+def _tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield the named tensors one at a time, opening each shard once."""
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    for file, file_names in by_file.items():
+        with _open(file) as f:
+            for name in file_names:
+                try:
+                    yield name, f.get_tensor(name)
+                except (SafetensorError, OSError, ValueError) as exc:
+                    raise WeightsError(
+                        f"{file}: cannot read tensor {name} (truncated or corrupt?): {exc}"
+                    ) from None
+
+
+def load(
+    directory: str | Path,
+    config: ModelConfig,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Weights:
+    """Read and check every tensor of a checkpoint directory, fusing q/k/v and gate/up on ``device``."""
+    directory = Path(directory)
+    files = _weight_map(directory)
+    shapes = expected_shapes(config)
+    present = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings:
+        present.discard("lm_head.weight")  # some tied checkpoints store the copy anyway
+    missing = sorted(set(shapes) - present)
+    unexpected = sorted(present - set(shapes))
+    if missing:
+        raise WeightsError(f"{directory}: missing {len(missing)} tensors, e.g. {missing[:3]}")
+    if unexpected:
+        where = files[unexpected[0]].name
+        raise WeightsError(
+            f"{directory}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]} in {where}"
+        )
+
+    c = config
+    dev = torch.device(device)
+
+    def empty(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=dev)
+
+    layers = [
+        LayerWeights(
+            input_norm=empty(c.hidden_size),
+            qkv=empty(c.qkv_size, c.hidden_size),
+            qkv_bias=empty(c.qkv_size) if c.qkv_bias else None,
+            q_norm=empty(c.head_dim) if c.qk_norm else None,
+            k_norm=empty(c.head_dim) if c.qk_norm else None,
+            o_proj=empty(c.hidden_size, c.q_size),
+            post_norm=empty(c.hidden_size),
+            gate_up=empty(2 * c.intermediate_size, c.hidden_size),
+            down=empty(c.hidden_size, c.intermediate_size),
+        )
+        for _ in range(c.num_layers)
+    ]
+    embed, final_norm = empty(c.vocab_size, c.hidden_size), empty(c.hidden_size)
+    lm_head = embed if c.tie_word_embeddings else empty(c.vocab_size, c.hidden_size)
+    q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+    slices = {
+        "input_layernorm.weight": ("input_norm", slice(None)),
+        "post_attention_layernorm.weight": ("post_norm", slice(None)),
+        "self_attn.q_proj.weight": ("qkv", slice(0, q)),
+        "self_attn.k_proj.weight": ("qkv", slice(q, q + kv)),
+        "self_attn.v_proj.weight": ("qkv", slice(q + kv, q + 2 * kv)),
+        "self_attn.q_proj.bias": ("qkv_bias", slice(0, q)),
+        "self_attn.k_proj.bias": ("qkv_bias", slice(q, q + kv)),
+        "self_attn.v_proj.bias": ("qkv_bias", slice(q + kv, q + 2 * kv)),
+        "self_attn.o_proj.weight": ("o_proj", slice(None)),
+        "self_attn.q_norm.weight": ("q_norm", slice(None)),
+        "self_attn.k_norm.weight": ("k_norm", slice(None)),
+        "mlp.gate_proj.weight": ("gate_up", slice(0, inter)),
+        "mlp.up_proj.weight": ("gate_up", slice(inter, 2 * inter)),
+        "mlp.down_proj.weight": ("down", slice(None)),
+    }
+    for name, tensor in _tensors(files, sorted(shapes)):
+        if tuple(tensor.shape) != shapes[name]:
+            raise WeightsError(
+                f"{files[name]}: tensor {name} has shape {tuple(tensor.shape)}, "
+                f"the config implies {shapes[name]}"
+            )
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise WeightsError(
+                f"{files[name]}: tensor {name} has dtype {tensor.dtype}, expected a float type"
+            )
+        if name == "model.embed_tokens.weight":
+            target = embed
+        elif name == "model.norm.weight":
+            target = final_norm
+        elif name == "lm_head.weight":
+            target = lm_head
+        else:
+            _, index, rest = name.split(".", 3)[1:]
+            field_name, rows = slices[rest]
+            target = getattr(layers[int(index)], field_name)[rows]
+        target.copy_(tensor)
+    return Weights(c, embed, layers, final_norm, lm_head, dtype, str(directory))
+
+
+def random_weights(
+    config: ModelConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> Weights:
+    """Random weights of the real size (benchmarks, GPU e2e of the presets), built on ``device``."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    c, dev = config, torch.device(device)
+
+    def normal(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, device=dev) * std).to(dtype)
+
+    def norm_weight(n: int) -> torch.Tensor:
+        return (1 + 0.1 * torch.randn(n, generator=gen, device=dev)).to(dtype)
+
+    layers = [
+        LayerWeights(
+            input_norm=norm_weight(c.hidden_size),
+            qkv=normal(c.qkv_size, c.hidden_size),
+            qkv_bias=normal(c.qkv_size) if c.qkv_bias else None,
+            q_norm=norm_weight(c.head_dim) if c.qk_norm else None,
+            k_norm=norm_weight(c.head_dim) if c.qk_norm else None,
+            o_proj=normal(c.hidden_size, c.q_size),
+            post_norm=norm_weight(c.hidden_size),
+            gate_up=normal(2 * c.intermediate_size, c.hidden_size),
+            down=normal(c.hidden_size, c.intermediate_size),
+        )
+        for _ in range(c.num_layers)
+    ]
+    embed = normal(c.vocab_size, c.hidden_size)
+    lm_head = embed if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
+    return Weights(c, embed, layers, norm_weight(c.hidden_size), lm_head, dtype, f"random(seed={seed})")

@@ -1,0 +1,141 @@
+"""Config parsing and safetensors loading: real HF layouts in, clear errors for bad ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from model import config as model_config
+from model import weights as model_weights
+from model.config import ConfigError, ModelConfig
+from model.weights import WeightsError
+
+TINY = {
+    "llama": ModelConfig("llama", 96, 32, 40, 2, 4, 2, 8, tie_word_embeddings=False),
+    "qwen2": ModelConfig("qwen2", 96, 32, 40, 2, 4, 2, 8, qkv_bias=True),
+    "qwen3": ModelConfig("qwen3", 96, 32, 40, 2, 4, 2, 8, qk_norm=True),
+}
+
+
+def hf_checkpoint(directory: Path, config: ModelConfig, shards: int = 1) -> dict[str, torch.Tensor]:
+    """Write a checkpoint with HF transformers' own model class (real tensor names)."""
+    transformers = pytest.importorskip("transformers")
+    directory.mkdir(parents=True, exist_ok=True)
+    hf_config = transformers.AutoConfig.for_model(**model_config.to_hf_dict(config))
+    torch.manual_seed(0)
+    hf_model = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch.bfloat16)
+    hf_model.save_pretrained(directory, max_shard_size="20KB" if shards > 1 else "10GB")
+    return {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_hf_checkpoint_round_trip(tmp_path: Path, family: str) -> None:
+    cfg = TINY[family]
+    state = hf_checkpoint(tmp_path, cfg)
+    assert model_config.load(tmp_path).replace(eos_token_ids=()) == cfg  # HF adds its default eos
+    w = model_weights.load(tmp_path, cfg, "cpu")
+    layer = w.layers[1]
+    q, kv = cfg.q_size, cfg.kv_size
+    assert torch.equal(layer.qkv[q : q + kv], state["model.layers.1.self_attn.k_proj.weight"])
+    assert torch.equal(layer.gate_up[cfg.intermediate_size :], state["model.layers.1.mlp.up_proj.weight"])
+    assert torch.equal(w.embed, state["model.embed_tokens.weight"])
+    if cfg.tie_word_embeddings:
+        assert w.lm_head is w.embed
+    else:
+        assert torch.equal(w.lm_head, state["lm_head.weight"])
+    if cfg.qkv_bias:
+        assert torch.equal(layer.qkv_bias[q + kv :], state["model.layers.1.self_attn.v_proj.bias"])
+    if cfg.qk_norm:
+        assert torch.equal(layer.q_norm, state["model.layers.1.self_attn.q_norm.weight"])
+
+
+def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
+    cfg = TINY["qwen3"]
+    state = hf_checkpoint(tmp_path, cfg, shards=3)
+    assert (tmp_path / model_weights.INDEX_FILE).is_file()
+    w = model_weights.load(tmp_path, cfg, "cpu")
+    assert torch.equal(w.layers[0].down, state["model.layers.0.mlp.down_proj.weight"])
+
+
+def _write(directory: Path, tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(model_config.to_hf_dict(cfg)))
+    save_file(tensors, str(directory / "model.safetensors"))
+
+
+def _tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    return {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in model_weights.expected_shapes(cfg).items()}
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "missing 1 tensors"),
+        (lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.zeros(2)}), "unexpected tensors"),
+        (
+            lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.zeros(32, 31)}),
+            "model.layers.0.self_attn.o_proj.weight has shape (32, 31)",
+        ),
+        (lambda t: t.update({"model.norm.weight": torch.zeros(32, dtype=torch.int32)}), "dtype torch.int32"),
+    ],
+)
+def test_bad_tensors_are_named(tmp_path: Path, edit, message: str) -> None:
+    cfg = TINY["qwen3"]
+    tensors = _tensors(cfg)
+    edit(tensors)
+    _write(tmp_path, tensors, cfg)
+    with pytest.raises(WeightsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
+def test_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = TINY["qwen3"]
+    _write(tmp_path, _tensors(cfg), cfg)
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    with pytest.raises(WeightsError, match="truncated or corrupt"):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
+def test_directory_without_weights(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match=r"no model\.safetensors"):
+        model_weights.load(tmp_path, TINY["llama"], "cpu")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6}}, "rope scaling"),
+        ({"use_sliding_window": True}, "sliding-window"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "non-full attention"),
+    ],
+)
+def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: str) -> None:
+    cfg = model_config.to_hf_dict(TINY["qwen3"]) | change
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=message):
+        model_config.load(tmp_path)
+
+
+def test_missing_config_and_bad_json(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no config\.json"):
+        model_config.load(tmp_path)
+    (tmp_path / "config.json").write_text("{oops")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        model_config.load(tmp_path)
+
+
+def test_article_preset_is_the_seed_article_config() -> None:
+    a = model_config.PRESETS["article"]
+    assert (a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim) == (28, 1024, 8, 2, 128)
+    assert (a.intermediate_size, a.vocab_size, a.rms_norm_eps, a.rope_theta) == (4864, 151936, 1e-6, 1e6)
+    assert a.tie_word_embeddings and not a.qkv_bias and not a.qk_norm
