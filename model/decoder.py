@@ -50,14 +50,15 @@ MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, l
 
 @dataclass
 class OpCall:
-    """One op invocation, as a recorder sees it: where, which op, its inputs and outputs."""
+    """One op invocation, as an interceptor sees it: where, which op, with what."""
 
     layer: int
     point: str  # the hook point, e.g. "q_rope" or "down_proj"
     op: str
     args: tuple
-    kwargs: dict
-    output: Any
+
+
+Interceptor = Callable[[OpCall, Callable[[], Any]], Any]
 
 
 def _accepts_out(fn: Callable) -> bool:
@@ -88,7 +89,7 @@ class Decoder:
         self.config, self.weights, self.name = c, weights, name
         self.impls = dict(impls)
         self.overrides: dict[tuple[str, int], Callable] = {}
-        self.recorder: Callable[[OpCall], None] | None = None
+        self.interceptor: Interceptor | None = None
         self.static = static
         self.buffers: dict[tuple, Any] = {}
         self._shape: tuple[int, int] = (0, 0)  # (B, S) of the forward in progress: keys static buffers
@@ -113,20 +114,24 @@ class Decoder:
 
         Static mode: the first call's outputs become the buffers that later calls write into
         (``out=``); ``slot`` keeps apart buffers that are alive at the same time (the residual
-        streams of consecutive ``add_rms_norm`` calls).
+        streams of consecutive ``add_rms_norm`` calls). An ``interceptor`` (the verification
+        tools) sees every call with its arguments and decides when it runs.
         """
         fn = self.overrides.get((name, layer), self.impls[name])
         key = (point, slot, self._shape)
         buffers = self.buffers.get(key) if self.static else None
-        if buffers is not None and _accepts_out(fn):
-            result = fn(*args, out=buffers)
-        else:
+
+        def run() -> Any:
+            if buffers is not None and _accepts_out(fn):
+                return fn(*args, out=buffers)
             result = fn(*args)
             if self.static and result is not None and buffers is None:
                 self.buffers[key] = result if isinstance(result, torch.Tensor) else tuple(result)
-        if self.recorder is not None:
-            self.recorder(OpCall(layer, point, name, args, {}, result))
-        return result
+            return result
+
+        if self.interceptor is None:
+            return run()
+        return self.interceptor(OpCall(layer, point, name, args), run)
 
     # ---- the forward ---------------------------------------------------------------------------
 

@@ -242,3 +242,47 @@ def random_weights(
     embed = normal(c.vocab_size, c.hidden_size)
     lm_head = embed if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
     return Weights(c, embed, layers, norm_weight(c.hidden_size), lm_head, dtype, f"random(seed={seed})")
+
+
+def hf_tensors(weights: Weights) -> dict[str, torch.Tensor]:
+    """The weights under their HF names (views of the fused matrices; q/k/v and gate/up split again)."""
+    c = weights.config
+    q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+    out = {"model.embed_tokens.weight": weights.embed, "model.norm.weight": weights.final_norm}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = weights.lm_head
+    for n, layer in enumerate(weights.layers):
+        p = f"model.layers.{n}."
+        out |= {
+            p + "input_layernorm.weight": layer.input_norm,
+            p + "post_attention_layernorm.weight": layer.post_norm,
+            p + "self_attn.q_proj.weight": layer.qkv[:q],
+            p + "self_attn.k_proj.weight": layer.qkv[q : q + kv],
+            p + "self_attn.v_proj.weight": layer.qkv[q + kv :],
+            p + "self_attn.o_proj.weight": layer.o_proj,
+            p + "mlp.gate_proj.weight": layer.gate_up[:inter],
+            p + "mlp.up_proj.weight": layer.gate_up[inter:],
+            p + "mlp.down_proj.weight": layer.down,
+        }
+        if layer.qkv_bias is not None:
+            out |= {
+                p + "self_attn.q_proj.bias": layer.qkv_bias[:q],
+                p + "self_attn.k_proj.bias": layer.qkv_bias[q : q + kv],
+                p + "self_attn.v_proj.bias": layer.qkv_bias[q + kv :],
+            }
+        if layer.q_norm is not None:
+            out |= {p + "self_attn.q_norm.weight": layer.q_norm, p + "self_attn.k_norm.weight": layer.k_norm}
+    return out
+
+
+def save(weights: Weights, directory: str | Path) -> None:
+    """Write an HF-layout checkpoint (config.json + model.safetensors) that ``load`` and HF read."""
+    from safetensors.torch import save_file
+
+    from model.config import to_hf_dict
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in hf_tensors(weights).items()}
+    save_file(tensors, str(directory / SINGLE_FILE), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(to_hf_dict(weights.config), indent=2))

@@ -66,3 +66,11 @@ def lookup(key: str, dtype: torch.dtype, path: Path = PATH) -> Tolerance:
     if rule == "max_error_ratio":
         return Tolerance(rule, max_error_ratio=float(numbers["max_error_ratio"]))
     return Tolerance(rule, atol=float(numbers["atol"]), rtol=float(numbers["rtol"]))
+
+
+def setting(section: str, key: str, path: Path = PATH) -> float:
+    """A model-level number (``[e2e]``, ``[bisect]``) from the same file."""
+    try:
+        return float(_table(path)[section][key])
+    except KeyError:
+        raise KeyError(f"{path}: no {key} in [{section}]") from None

@@ -1,0 +1,320 @@
+"""``python -m verify.e2e``: greedy token parity of the Triton model (CUDA Graph decode on GPU,
+the same static-buffer runner on CPU) against the reference model and HF transformers.
+
+Every model is fed the reference's token at every step (teacher forcing), so one difference
+does not cascade. A differing token that the reference scores within the calibrated logits
+noise of its best is a near-tie (reported, not a failure); any other is a divergence.
+Exit 0: parity; 1: a divergence; 2: bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+TOP_K = 50
+
+
+@dataclass
+class Comparison:
+    """One implementation's logits at one step, against the reference's."""
+
+    token: int
+    max_abs_diff: float
+    top_k_overlap: int
+    verdict: str  # "ok", "near-tie" or "DIVERGES"
+
+
+@dataclass
+class Step:
+    step: int
+    position: int
+    ref_token: int
+    ref_margin: float
+    against: dict[str, Comparison] = field(default_factory=dict)
+
+
+def margin(logits: torch.Tensor) -> float:
+    top2 = logits.float().topk(2).values
+    return float(top2[0] - top2[1])
+
+
+def compare(
+    logits: torch.Tensor, ref_logits: torch.Tensor, ref_token: int, tie_tolerance: float
+) -> Comparison:
+    """Same token: ok. Another token the reference scores within ``tie_tolerance`` of its best: a
+    near-tie (the noise can flip it). Anything else: a divergence."""
+    ref = ref_logits.float()
+    token = int(torch.argmax(logits))
+    k = min(TOP_K, ref.numel())
+    overlap = len(set(logits.float().topk(k).indices.tolist()) & set(ref.topk(k).indices.tolist()))
+    diff = float((logits.float() - ref).abs().max())
+    if token == ref_token:
+        verdict = "ok"
+    elif float(ref[ref_token] - ref[token]) <= tie_tolerance:
+        verdict = "near-tie"
+    else:
+        verdict = "DIVERGES"
+    return Comparison(token, diff, overlap, verdict)
+
+
+# ---- the three implementations, stepped in lockstep -------------------------------------------
+
+
+class HFModel:
+    """HF transformers on the same checkpoint: the independent third implementation."""
+
+    def __init__(self, directory, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device).eval()
+        self.past = None
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        return out.logits[:, -1]
+
+
+def calibrate_tie_tolerance(models, prompt: torch.Tensor, factor: float) -> tuple[float, float]:
+    """The logits noise of plain bf16 torch: the reference computed in bf16 vs in fp32, at prefill.
+
+    Returns (noise, factor * noise): the second is how close two logits must be for a flip
+    between them to count as a near-tie.
+    """
+    from model.generate import prefill
+    from references.precision import computing_in
+
+    with computing_in(models.weights.dtype):
+        lowp = prefill(models.reference, prompt)
+    exact = prefill(models.reference, prompt)  # rewrites the cache rows the bf16 run wrote
+    noise = float((lowp.float() - exact.float()).abs().max())
+    return noise, factor * noise
+
+
+def run(
+    models, prompt: torch.Tensor, new_tokens: int, against: list[str], tie_factor: float, progress=print
+) -> tuple[list[Step], dict]:
+    from model.generate import prefill
+    from model.graph import DecodeRunner
+
+    noise, tie_tol = calibrate_tie_tolerance(models, prompt, tie_factor)
+    length = prompt.shape[1]
+    runner = DecodeRunner(models.triton, batch=1)
+    hf = HFModel(models.directory, prompt.device) if "hf" in against else None
+    ref_logits = prefill(models.reference, prompt)
+    logits = {"triton": prefill(models.triton, prompt)}
+    if hf is not None:
+        logits["hf"] = hf.step(prompt)
+    steps: list[Step] = []
+    for step in range(new_tokens):
+        ref_row = ref_logits[0]
+        ref_token = int(torch.argmax(ref_row))
+        record = Step(step, length + step, ref_token, margin(ref_row))
+        for name, value in logits.items():
+            record.against[name] = compare(value[0], ref_row, ref_token, tie_tol)
+        steps.append(record)
+        progress(record)
+        if step + 1 == new_tokens:
+            break
+        token = torch.tensor([ref_token], device=prompt.device)
+        position = length + step
+        start = torch.full((1,), position, dtype=torch.int32, device=prompt.device)
+        ref_logits = models.reference.forward(token[:, None], start)
+        runner.step(token, position)
+        logits = {"triton": runner.logits.clone()}
+        if hf is not None:
+            logits["hf"] = hf.step(token[:, None])
+    calibration = {
+        "bf16_logits_noise": noise,
+        "near_tie_tolerance": tie_tol,
+        "factor": tie_factor,
+        "decode": "cuda graph" if runner.graph is not None else "static buffers, uncaptured",
+    }
+    return steps, calibration
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verify.e2e", description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="checkpoint directory or preset name (default: the embedded tiny model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model directory)")
+    src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
+    p.add_argument("--new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    p.add_argument("--against", default="reference,hf", help="comma list of: reference, hf (default both)")
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="OP=IMPL@LAYERS",
+        help="swap one op's implementation in these layers of the Triton model",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    return p
+
+
+def _prompt(
+    args: argparse.Namespace, directory, vocab: int, device: torch.device
+) -> tuple[torch.Tensor, object]:
+    from verify.models import UsageError
+
+    tokenizer = None
+    if args.prompt is not None:
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(directory)
+        except Exception as exc:
+            raise UsageError(
+                f"--prompt needs a tokenizer in {directory}: {type(exc).__name__}: {exc}"
+            ) from None
+        ids = tokenizer(args.prompt)["input_ids"]
+    elif args.prompt_ids is not None:
+        try:
+            ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        except ValueError:
+            raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers") from None
+    elif args.model is None:
+        from model import embedded
+
+        ids = list(embedded.default_prompt())
+    else:
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, vocab, (16,), generator=gen).tolist()
+    if not ids:
+        raise UsageError("the prompt is empty")
+    return torch.tensor([ids], dtype=torch.int64, device=device), tokenizer
+
+
+def _row(step: Step, names: list[str]) -> str:
+    cells = [f"{step.step:>4}", f"{step.position:>5}", f"{step.ref_token:>9}", f"{step.ref_margin:>8.3f}"]
+    for name in names:
+        c = step.against[name]
+        cells += [
+            f"{c.token:>9}",
+            f"{c.max_abs_diff:>10.4f}",
+            f"{c.top_k_overlap:>4}/{TOP_K}",
+            f"{c.verdict:<8}",
+        ]
+    return "  ".join(cells)
+
+
+def _header(names: list[str]) -> str:
+    cells = [f"{'step':>4}", f"{'pos':>5}", f"{'reference':>9}", f"{'margin':>8}"]
+    for name in names:
+        cells += [f"{name:>9}", f"{'max|dlog|':>10}", f"{'top' + str(TOP_K):>7}", f"{'verdict':<8}"]
+    return "  ".join(cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from model.generate import check_prompt
+    from ops import backend
+    from verify import models as model_loading
+    from verify.tolerances import setting
+
+    against = [a.strip() for a in args.against.split(",") if a.strip()]
+    unknown = sorted(set(against) - {"reference", "hf"})
+    try:
+        if unknown or "reference" not in against:
+            raise model_loading.UsageError(
+                f"--against {args.against!r}: expected 'reference' and optionally 'hf'"
+            )
+        if args.new_tokens < 1:
+            raise model_loading.UsageError(f"--new-tokens {args.new_tokens}: expected at least 1")
+        injections = [model_loading.parse_injection(text) for text in args.inject]
+        device = backend.device()
+        directory = model_loading.resolve_checkpoint(args.model)
+        from model import config as model_config
+
+        try:
+            vocab = model_config.load(directory).vocab_size
+        except model_config.ConfigError as exc:
+            raise model_loading.UsageError(str(exc)) from None
+        prompt, tokenizer = _prompt(args, directory, vocab, device)
+        max_seq = prompt.shape[1] + args.new_tokens
+        models = model_loading.load(str(directory), device, 1, max_seq, injections)
+        try:
+            check_prompt(prompt, models.triton, args.new_tokens - 1)
+        except ValueError as exc:
+            raise model_loading.UsageError(str(exc)) from None
+    except model_loading.UsageError as exc:
+        print(f"verify.e2e: {exc}", file=sys.stderr)
+        return 2
+
+    names = ["triton"] + (["hf"] if "hf" in against else [])
+    print(
+        f"verify.e2e: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
+        f"backend {backend.name()}, prompt {prompt.shape[1]} tokens, {args.new_tokens} new"
+    )
+    for inj in injections:
+        print(
+            f"  injected: {inj.op} = {inj.impl_spec} in layers {'all' if inj.layers is None else inj.layers}"
+        )
+    print(_header(names))
+    started = time.monotonic()
+    with torch.no_grad():
+        steps, calibration = run(
+            models,
+            prompt,
+            args.new_tokens,
+            against,
+            setting("e2e", "near_tie_factor"),
+            progress=lambda s: print(_row(s, names), flush=True),
+        )
+    elapsed = time.monotonic() - started
+    print(
+        f"near-tie tolerance {calibration['near_tie_tolerance']:.4f} = {calibration['factor']:g} x bf16 "
+        f"logits noise {calibration['bf16_logits_noise']:.4f}; decode: {calibration['decode']}; "
+        f"{elapsed:.1f}s"
+    )
+    verdicts = {}
+    for name in names:
+        marks = [s.against[name].verdict for s in steps]
+        ties = [s.step for s in steps if s.against[name].verdict == "near-tie"]
+        diverged = [s for s in steps if s.against[name].verdict == "DIVERGES"]
+        if diverged:
+            s = diverged[0]
+            c = s.against[name]
+            verdicts[name] = "DIVERGES"
+            print(
+                f"{name}: DIVERGES at step {s.step} (position {s.position}): reference token {s.ref_token} "
+                f"(margin {s.ref_margin:.3f}), {name} token {c.token}; max logits diff {c.max_abs_diff:.4f}"
+            )
+        else:
+            verdicts[name] = "near-ties" if ties else "parity"
+            tie_text = f", near-ties at steps {ties}" if ties else ""
+            print(f"{name}: token parity with the reference over {len(marks)} steps{tie_text}")
+    if tokenizer is not None:
+        print("text:", tokenizer.decode([s.ref_token for s in steps]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "model": str(models.directory),
+                    "backend": backend.name(),
+                    "prompt": prompt[0].tolist(),
+                    "calibration": calibration,
+                    "verdicts": verdicts,
+                    "steps": [asdict(s) for s in steps],
+                },
+                f,
+                indent=2,
+            )
+    return 1 if "DIVERGES" in verdicts.values() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

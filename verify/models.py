@@ -1,0 +1,103 @@
+"""What the model-level CLIs share: resolving ``--model``, parsing ``--inject``, building both models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import registry
+from model import config as model_config
+from model import reference, triton_model
+from model import weights as model_weights
+from model.decoder import OPS, Decoder
+from verify import impl_loader
+
+
+class UsageError(Exception):
+    """Bad command-line input: the CLIs print it and exit 2."""
+
+
+@dataclass(frozen=True)
+class Injection:
+    op: str
+    impl_spec: str
+    layers: tuple[int, ...] | None  # None: all layers
+
+
+def parse_injection(text: str) -> Injection:
+    """``OP=IMPL@LAYERS``: LAYERS is a number, a comma list or ``all``."""
+    op, sep, rest = text.partition("=")
+    impl, at, layers = rest.rpartition("@")
+    if not sep or not at or not op or not impl or not layers:
+        raise UsageError(f"--inject {text!r}: expected OP=IMPL@LAYERS, e.g. rms_norm=my_norms.py:rms_norm@3")
+    if op not in OPS:
+        raise UsageError(f"--inject {text!r}: unknown op {op!r}; the decoder calls {', '.join(OPS)}")
+    if layers == "all":
+        return Injection(op, impl, None)
+    try:
+        numbers = tuple(int(n) for n in layers.split(","))
+    except ValueError:
+        raise UsageError(f"--inject {text!r}: layers must be a number, a comma list or 'all'") from None
+    return Injection(op, impl, numbers)
+
+
+def apply_injections(model: Decoder, injections: list[Injection]) -> None:
+    for inj in injections:
+        layers = list(range(model.config.num_layers)) if inj.layers is None else list(inj.layers)
+        bad = [n for n in layers if not 0 <= n < model.config.num_layers]
+        if bad:
+            raise UsageError(
+                f"--inject {inj.op}: layer {bad[0]} is out of range (the model has {model.config.num_layers})"
+            )
+        try:
+            fn = impl_loader.load(inj.impl_spec)
+            impl_loader.check_signature(fn, registry.get(inj.op).reference, inj.op)
+        except impl_loader.ImplError as exc:
+            raise UsageError(str(exc)) from None
+        model.inject(inj.op, fn, layers)
+
+
+def resolve_checkpoint(model: str | None) -> Path:
+    """The checkpoint directory for ``--model``: the embedded default, a directory, or a preset."""
+    if model is None:
+        from model import embedded
+
+        return embedded.ensure()
+    if model in model_config.PRESETS:
+        from model import presets
+
+        return presets.checkpoint(model)
+    path = Path(model)
+    if not path.exists():
+        raise UsageError(
+            f"--model {model}: no such directory, and not a preset ({', '.join(model_config.PRESETS)})"
+        )
+    if not path.is_dir():
+        raise UsageError(f"--model {model}: expected a checkpoint directory (config.json + safetensors)")
+    return path
+
+
+@dataclass
+class Models:
+    directory: Path
+    config: model_config.ModelConfig
+    weights: model_weights.Weights
+    reference: Decoder
+    triton: Decoder
+
+
+def load(
+    model: str | None, device: torch.device, max_batch: int, max_seq: int, injections: list[Injection] = ()
+) -> Models:
+    directory = resolve_checkpoint(model)
+    try:
+        cfg = model_config.load(directory)
+        weights = model_weights.load(directory, cfg, device)
+    except (model_config.ConfigError, model_weights.WeightsError) as exc:
+        raise UsageError(str(exc)) from None
+    ref = reference.build(weights, max_batch, max_seq)
+    tri = triton_model.build(weights, max_batch, max_seq)
+    apply_injections(tri, list(injections))
+    return Models(directory, cfg, weights, ref, tri)
