@@ -88,10 +88,13 @@ class CheckResult:
 # ---- copies, poisoning, outputs ----------------------------------------------------------------
 
 
-def clone_preserving_layout(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` with the same sizes, strides and offset into a copy of its whole buffer."""
-    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).clone()
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+def clone_preserving_layout(t: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+    """A copy of ``t`` (on ``device``) with the same sizes, strides and offset into a copy of its
+    whole buffer: a view of a fused buffer stays a view, and the bytes around it come along."""
+    device = t.device if device is None else torch.device(device)
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+    raw = raw.to(device, copy=True)
+    return torch.empty(0, dtype=t.dtype, device=device).set_(
         raw.untyped_storage(), t.storage_offset(), t.shape, t.stride()
     )
 
@@ -292,7 +295,10 @@ def _run_reference(spec: Any, case: Case, mode: str) -> list[tuple[str, Any]]:
 
 
 def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
-    cmd = f"python -m verify.op {op} --case {shlex.quote(case.params_json())}"
+    if "inputs" in case.params:  # a case recorded inside the model (verify.bisect), saved to a file
+        cmd = f"python -m verify.op {op} --inputs {shlex.quote(case.params['inputs'])}"
+    else:
+        cmd = f"python -m verify.op {op} --case {shlex.quote(case.params_json())}"
     return cmd + (f" --impl {shlex.quote(impl_label)}" if impl_label else "")
 
 

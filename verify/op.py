@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=None, help="Hypothesis cases to draw (default: profile's)")
     p.add_argument("--seed", type=int, default=None, help="Hypothesis seed, for a reproducible search")
     p.add_argument("--case", help="run exactly this case (the JSON a repro command carries)")
+    p.add_argument("--inputs", metavar="FILE.pt", help="run on recorded inputs (written by verify.bisect)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--list", action="store_true", help="list the registered ops and exit")
     return p
@@ -76,13 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     label = args.impl or f"registered {spec.name} kernel"
     print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
 
-    if args.case:
+    if args.case or args.inputs:
         try:
-            params = json.loads(args.case)
-            case = spec.build(params, backend.device())
-        except (ValueError, KeyError, TypeError) as exc:
-            print(f"verify.op: --case is not a valid {spec.name} case: {exc}", file=sys.stderr)
+            case = (
+                _recorded_case(args.inputs)
+                if args.inputs
+                else spec.build(json.loads(args.case), backend.device())
+            )
+        except (ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
+            what = f"--inputs {args.inputs}" if args.inputs else "--case"
+            print(f"verify.op: {what} is not a valid {spec.name} case: {exc}", file=sys.stderr)
             return 2
+        params = case.params
         result = check(spec, case, impl, args.impl)
         print(result.describe())
         _write_json(
@@ -144,6 +150,20 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     return 0 if outcome.passed else 1
+
+
+def _recorded_case(path: str):
+    """A case from tensors saved by ``verify.bisect``, moved to the backend's device."""
+    import torch
+
+    from ops import backend
+    from verify.cases import Case
+    from verify.compare import clone_preserving_layout
+
+    args = torch.load(path, weights_only=True)
+    device = backend.device()
+    moved = tuple(clone_preserving_layout(a, device) if isinstance(a, torch.Tensor) else a for a in args)
+    return Case({"inputs": path}, moved)
 
 
 def _write_json(path: str | None, data: dict) -> None:

@@ -1,0 +1,447 @@
+"""``python -m verify.bisect --layer``: find the first layer, then the op, where the Triton model
+leaves the reference.
+
+Both models run the same input. Per layer, two errors side by side: free-running (each model
+on its own activations: the drift accumulated so far) and teacher-forced (the Triton layer fed
+the reference's input to that layer: the layer's own error). A layer's own error is judged
+against a calibrated threshold: ``layer_error_factor`` (tolerances.toml) times the error of
+plain bf16 torch running the same layer on the same input. The first layer over it is drilled
+into: each of its ops is run on the reference's inputs for that op and judged with the op's
+own tolerance, naming the op and writing a ready-to-run ``verify.op`` repro. Prefill and then
+each decode step are checked (a KV cache bug may only show while decoding).
+Exit 0: no divergence; 1: a divergence was found; 2: bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+EMBED, HEAD = "embed", "head"  # the model-level ops before the first and after the last layer
+
+
+@dataclass
+class Error:
+    max_abs: float
+    mean_abs: float
+    rel_l2: float
+    cosine: float
+
+
+def error(actual: torch.Tensor, expected: torch.Tensor) -> Error:
+    a, e = actual.double().flatten(), expected.double().flatten()
+    diff = a - e
+    norm = float(e.norm()) or 1.0
+    cos = float(torch.nn.functional.cosine_similarity(a, e, dim=0)) if a.numel() else 1.0
+    return Error(float(diff.abs().max()), float(diff.abs().mean()), float(diff.norm()) / norm, cos)
+
+
+@dataclass
+class LayerResult:
+    step: int
+    layer: str  # "embed", "0", "1", ..., "head"
+    free: Error
+    forced: Error
+    lowp: Error  # plain bf16 torch on the same input: the yardstick
+    threshold: float  # on the teacher-forced relative L2
+    passed: bool
+
+
+@dataclass
+class OpResult:
+    point: str
+    op: str
+    shapes: str
+    passed: bool
+    max_abs: float
+    detail: str
+    repro: str = ""
+
+
+@dataclass
+class Report:
+    model: str
+    steps: list[str] = field(default_factory=list)
+    layers: list[LayerResult] = field(default_factory=list)
+    first: LayerResult | None = None
+    drill: list[OpResult] = field(default_factory=list)
+    culprit: OpResult | None = None
+
+
+# ---- recording the reference ---------------------------------------------------------------------
+
+
+class Recorder:
+    """An interceptor that keeps every op call's inputs (as they were before the call) and outputs."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []  # (OpCall, args snapshot, result snapshot)
+
+    def __call__(self, call, run):
+        from verify.compare import _clone
+
+        args = _clone(call.args)
+        result = run()
+        self.calls.append((call, args, _clone(result)))
+        return result
+
+    def find(self, layer: int, point: str):
+        return next(
+            (args, result) for call, args, result in self.calls if (call.layer, call.point) == (layer, point)
+        )
+
+
+def _stream(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    return x.float() if residual is None else x.float() + residual.float()
+
+
+@dataclass
+class StepTrace:
+    """The reference's pass over one step: every layer's input and output pair, every op call."""
+
+    ids: torch.Tensor
+    start_pos: torch.Tensor
+    layer_io: list[tuple]  # per layer: ((x_in, residual_in), (x_out, residual_out))
+    logits: torch.Tensor
+    recorder: Recorder
+
+
+def trace_reference(model, ids: torch.Tensor, start_pos: torch.Tensor) -> StepTrace:
+    from verify.compare import _clone
+
+    recorder = Recorder()
+    outputs: list[tuple] = []
+    model.interceptor = recorder
+    try:
+        logits = model.forward(ids, start_pos, layer_hook=lambda n, x, r: outputs.append(_clone((x, r))))
+    finally:
+        model.interceptor = None
+    embedded = recorder.find(-1, "embedding")[1]
+    inputs = [(embedded, None), *outputs[:-1]]
+    return StepTrace(ids, start_pos, list(zip(inputs, outputs, strict=True)), logits, recorder)
+
+
+def _layer_args(model, trace: StepTrace) -> tuple:
+    cos, sin = trace.recorder.find(-1, "rope")[1]
+    return cos, sin, trace.start_pos, model.seq_lens(trace.start_pos, trace.ids.shape[1])
+
+
+def _head(model, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    c, w = model.config, model.weights
+    h, _ = model.op(-1, "final_norm", "add_rms_norm", x, residual, w.final_norm, c.rms_norm_eps, slot=4)
+    return model.op(-1, "lm_head", "linear", h[:, -1], w.lm_head, None)
+
+
+# ---- judging layers and ops ----------------------------------------------------------------------
+
+
+def check_recorded_ops(
+    trace: StepTrace, layer: int, triton, save_dir: Path, step: int, impl_specs: dict
+) -> list[OpResult]:
+    """Run each Triton op of ``layer`` on the reference's inputs to that op; judge with the op's tolerance."""
+    import registry
+    from verify.cases import Case
+    from verify.compare import check, clone_preserving_layout, describe_inputs
+
+    results = []
+    for call, args, _ in trace.recorder.calls:
+        if call.layer != layer:
+            continue
+        spec = registry.get(call.op)
+        impl = triton.overrides.get((call.op, layer), triton.impls[call.op])
+        file = save_dir / f"step{step}-layer{layer}-{call.point}-{call.op}.pt"
+        case = Case({"inputs": str(file)}, args)
+        result = check(spec, case, impl, impl_specs.get((call.op, layer)))
+        shapes = describe_inputs(case)
+        if not result.passed:
+            torch.save(
+                tuple(clone_preserving_layout(a, "cpu") if isinstance(a, torch.Tensor) else a for a in args),
+                file,
+            )
+        worst = next((o for o in result.outputs if not o.passed), None)
+        detail = result.error or (
+            worst.reason if worst else "; ".join(o.reason for o in result.outputs if o.reason)
+        )
+        results.append(
+            OpResult(
+                call.point,
+                call.op,
+                shapes,
+                result.passed,
+                result.max_abs,
+                detail.strip(),
+                result.repro if not result.passed else "",
+            )
+        )
+    return results
+
+
+def compare_step(
+    step: int,
+    trace: StepTrace,
+    free_streams: list[torch.Tensor],
+    free_logits: torch.Tensor,
+    triton,
+    lowp,
+    factor: float,
+    save_dir: Path,
+    impl_specs: dict,
+) -> list[LayerResult]:
+    from references.precision import computing_in
+
+    cos, sin, start, seq_lens = _layer_args(triton, trace)
+    results = []
+    embed_ops = check_recorded_ops(trace, -1, triton, save_dir, step, impl_specs)
+    embed_ops = [r for r in embed_ops if r.op in ("embedding", "rope_cos_sin")]
+    ref_embed = trace.layer_io[0][0][0]
+    tri_embed = triton.op(-1, "embedding", "embedding", trace.ids, triton.weights.embed)
+    e = error(tri_embed, ref_embed)
+    results.append(LayerResult(step, EMBED, e, e, Error(0, 0, 0, 1), 0.0, all(r.passed for r in embed_ops)))
+    for n, ((x_in, r_in), (x_out, r_out)) in enumerate(trace.layer_io):
+        expected = _stream(x_out, r_out)
+        forced = _stream(*triton.layer(n, x_in, r_in, cos, sin, start, seq_lens))
+        with computing_in(lowp.weights.dtype):
+            low = _stream(*lowp.layer(n, x_in, r_in, cos, sin, start, seq_lens))
+        lowp_err, forced_err = error(low, expected), error(forced, expected)
+        threshold = factor * lowp_err.rel_l2 + 1e-6
+        results.append(
+            LayerResult(
+                step,
+                str(n),
+                error(free_streams[n], expected),
+                forced_err,
+                lowp_err,
+                threshold,
+                forced_err.rel_l2 <= threshold,
+            )
+        )
+    x_last, r_last = trace.layer_io[-1][1]
+    forced_logits = _head(triton, x_last, r_last)
+    with computing_in(lowp.weights.dtype):
+        low_logits = _head(lowp, x_last, r_last)
+    lowp_err, forced_err = error(low_logits, trace.logits), error(forced_logits, trace.logits)
+    threshold = factor * lowp_err.rel_l2 + 1e-6
+    results.append(
+        LayerResult(
+            step,
+            HEAD,
+            error(free_logits, trace.logits),
+            forced_err,
+            lowp_err,
+            threshold,
+            forced_err.rel_l2 <= threshold,
+        )
+    )
+    return results
+
+
+def free_run(model, ids: torch.Tensor, start_pos: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    streams: list[torch.Tensor] = []
+    logits = model.forward(ids, start_pos, layer_hook=lambda n, x, r: streams.append(_stream(x, r)))
+    return streams, logits
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verify.bisect", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--layer", action="store_true", help="bisect layer by layer (the only mode; kept explicit)"
+    )
+    p.add_argument("--model", help="checkpoint directory or preset name (default: the embedded tiny model)")
+    p.add_argument(
+        "--prompt-len", type=int, default=12, help="prompt tokens for the prefill pass (default 12)"
+    )
+    p.add_argument(
+        "--decode-steps", type=int, default=3, help="decode steps checked after prefill (default 3)"
+    )
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="OP=IMPL@LAYERS",
+        help="swap one op's implementation in these layers of the Triton model",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    p.add_argument("--plot", metavar="PNG", help="per-layer error plot (needs matplotlib)")
+    p.add_argument(
+        "--repro-dir", metavar="DIR", help="where failing op inputs are saved (default: a temp dir)"
+    )
+    return p
+
+
+def _prompt(model_arg: str | None, length: int, vocab: int, device: torch.device) -> torch.Tensor:
+    if model_arg is None:
+        from model import embedded
+
+        base = list(embedded.default_prompt())
+        ids = (base * (length // len(base) + 1))[:length]
+    else:
+        ids = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
+    return torch.tensor([ids], dtype=torch.int64, device=device)
+
+
+def _fmt(e: Error) -> str:
+    return f"{e.max_abs:>9.3g} {e.rel_l2:>9.3g} {e.cosine:>9.6f}"
+
+
+def print_step(results: list[LayerResult], label: str) -> None:
+    print(f"\n{label}")
+    print(
+        f"{'layer':>5}  {'free-running: max abs':>21} {'rel L2':>9} {'cosine':>9}   "
+        f"{'teacher-forced: max abs':>23} {'rel L2':>9} {'cosine':>9}   "
+        f"{'bf16 rel L2':>11} {'threshold':>9}  verdict"
+    )
+    for r in results:
+        verdict = "ok" if r.passed else "OVER"
+        print(
+            f"{r.layer:>5}  {'':>12}{_fmt(r.free)}   {'':>14}{_fmt(r.forced)}   {r.lowp.rel_l2:>11.3g} "
+            f"{r.threshold:>9.3g}  {verdict}"
+        )
+
+
+def print_drill(ops: list[OpResult]) -> None:
+    print(f"\n{'point':<13} {'op':<15} {'verdict':<8} {'max abs':>9}  detail")
+    for r in ops:
+        print(
+            f"{r.point:<13} {r.op:<15} {'ok' if r.passed else 'DIVERGES':<8} {r.max_abs:>9.3g}  "
+            f"{r.detail[:90]}"
+        )
+        if not r.passed:
+            print(f"{'':<13} inputs: {r.shapes}")
+
+
+def plot(report: Report, path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot"
+    rows = [r for r in report.layers if r.step == 0]
+    xs = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.semilogy(xs, [max(r.free.rel_l2, 1e-12) for r in rows], "o-", label="free-running")
+    ax.semilogy(xs, [max(r.forced.rel_l2, 1e-12) for r in rows], "s-", label="teacher-forced (own error)")
+    ax.semilogy(xs, [max(r.threshold, 1e-12) for r in rows], "k--", label="threshold")
+    ax.set_xticks(xs, [r.layer for r in rows], rotation=90)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("relative L2 error vs reference")
+    ax.set_title(f"verify.bisect, prefill: {report.model}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot written to {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from model import reference, triton_model
+    from ops import backend
+    from verify import models as model_loading
+    from verify.tolerances import setting
+
+    try:
+        if args.prompt_len < 1 or args.decode_steps < 0:
+            raise model_loading.UsageError("--prompt-len must be >= 1 and --decode-steps >= 0")
+        injections = [model_loading.parse_injection(t) for t in args.inject]
+        device = backend.device()
+        max_seq = args.prompt_len + args.decode_steps
+        models = model_loading.load(args.model, device, 1, max_seq, injections)
+        free = triton_model.build(models.weights, 1, max_seq)
+        model_loading.apply_injections(free, injections)
+    except model_loading.UsageError as exc:
+        print(f"verify.bisect: {exc}", file=sys.stderr)
+        return 2
+    lowp = reference.build(models.weights, 1, max_seq)
+    factor = setting("bisect", "layer_error_factor")
+    impl_specs = {
+        (inj.op, n): inj.impl_spec
+        for inj in injections
+        for n in (inj.layers if inj.layers is not None else range(models.config.num_layers))
+    }
+    save_dir = Path(args.repro_dir or tempfile.mkdtemp(prefix="bisect-"))
+    save_dir.mkdir(parents=True, exist_ok=True)
+    report = Report(str(models.directory))
+    print(
+        f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
+        f"backend {backend.name()}, prompt {args.prompt_len} tokens + {args.decode_steps} decode steps; "
+        f"threshold = {factor:g} x plain bf16 torch's rel L2 on the same layer input"
+    )
+    for inj in injections:
+        print(
+            f"  injected: {inj.op} = {inj.impl_spec} in layers {'all' if inj.layers is None else inj.layers}"
+        )
+    started = time.monotonic()
+    ids = _prompt(args.model, args.prompt_len, models.config.vocab_size, device)
+    start = torch.zeros(1, dtype=torch.int32, device=device)
+    with torch.no_grad():
+        for step in range(args.decode_steps + 1):
+            label = "prefill" if step == 0 else f"decode step {step} (position {int(start)})"
+            trace = trace_reference(models.reference, ids, start)
+            free_streams, free_logits = free_run(free, ids, start)
+            results = compare_step(
+                step, trace, free_streams, free_logits, models.triton, lowp, factor, save_dir, impl_specs
+            )
+            report.steps.append(label)
+            report.layers += results
+            print_step(results, f"{label}: {time.monotonic() - started:.1f}s")
+            failed = next((r for r in results if not r.passed), None)
+            if failed is not None:
+                report.first = failed
+                layer = {EMBED: -1, HEAD: -1}.get(failed.layer)
+                layer = int(failed.layer) if layer is None else layer
+                ops = check_recorded_ops(trace, layer, models.triton, save_dir, step, impl_specs)
+                if failed.layer == EMBED:
+                    ops = [r for r in ops if r.op in ("embedding", "rope_cos_sin")]
+                elif failed.layer == HEAD:
+                    ops = [r for r in ops if r.point in ("final_norm", "lm_head")]
+                report.drill = ops
+                report.culprit = next((r for r in ops if not r.passed), None)
+                break
+            next_token = torch.argmax(trace.logits, dim=-1)
+            start = start + ids.shape[1]
+            ids = next_token[:, None]
+    print()
+    if report.first is None:
+        print(f"VERIFIED: every layer within its threshold at prefill and {args.decode_steps} decode steps")
+    else:
+        f = report.first
+        print(
+            f"DIVERGES: first at {report.steps[-1]}, layer {f.layer}: teacher-forced rel L2 "
+            f"{f.forced.rel_l2:.3g} > threshold {f.threshold:.3g} "
+            f"({factor:g} x bf16 torch {f.lowp.rel_l2:.3g})"
+        )
+        print(f"drill-down into layer {f.layer}: each Triton op on the reference's inputs for that op")
+        print_drill(report.drill)
+        if report.culprit is not None:
+            c = report.culprit
+            print(f"\nculprit: {c.op} at {c.point} of layer {f.layer}\nrepro: {c.repro}")
+        else:
+            print(
+                "\nno single op diverges on the reference's inputs: the layer's error comes from how its ops "
+                "compose (rounding accumulating across ops), not from one kernel"
+            )
+    if args.plot:
+        print(plot(report, args.plot))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(asdict(report), fh, indent=2, default=str)
+    return 0 if report.first is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
