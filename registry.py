@@ -12,17 +12,21 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+import references.attention
 import references.elementwise
 import references.embedding
+import references.gemm
 import references.kv_cache
 import references.norm
 import references.rope
 import references.sampling
-from ops import elementwise, embedding, kv_cache, norm, rope, sampling
+from ops import attention, elementwise, embedding, gemm, kv_cache, norm, rope, sampling
 from verify.cases import Case
 from verify.limits import Limits
+from verify.strategies import attention as s_attention
 from verify.strategies import elementwise as s_elementwise
 from verify.strategies import embedding as s_embedding
+from verify.strategies import gemm as s_gemm
 from verify.strategies import kv_cache as s_kv_cache
 from verify.strategies import norm as s_norm
 from verify.strategies import rope as s_rope
@@ -136,5 +140,35 @@ register(OpSpec(
     "argmax", sampling.argmax, references.sampling.argmax,
     s_sampling.argmax_params, s_sampling.argmax_build, ("sampling",),
     s_sampling.ARGMAX_EXAMPLES, s_sampling.ARGMAX_INVALID,
+))
+register(OpSpec(
+    "attention", attention.attention, references.attention.attention,
+    s_attention.attention_params, s_attention.attention_build, (6, 7, 8),
+    s_attention.ATTENTION_EXAMPLES, s_attention.ATTENTION_INVALID,
+))
+register(OpSpec(  # the same op forced onto the prefill kernel, at every S
+    "attention_prefill", attention.attention_prefill, references.attention.attention,
+    s_attention.attention_params, s_attention.attention_build, (6, 7, 8),
+    s_attention.ATTENTION_EXAMPLES, s_attention.ATTENTION_INVALID, tolerance="attention",
+))
+register(OpSpec(  # the same op forced onto the split-KV decode kernels
+    "attention_decode", attention.attention_decode, references.attention.attention,
+    s_attention.attention_decode_params, s_attention.attention_build, (6, 7, 8),
+    s_attention.ATTENTION_DECODE_EXAMPLES, s_attention.ATTENTION_INVALID, tolerance="attention",
+))
+register(OpSpec(
+    "linear", gemm.linear, references.gemm.linear,
+    s_gemm.linear_params, s_gemm.linear_build, (2, 10, 13, 14, 16, 21),
+    s_gemm.LINEAR_EXAMPLES, s_gemm.LINEAR_INVALID,
+))
+register(OpSpec(
+    "linear_splitk", gemm.linear_splitk, references.gemm.linear_splitk,
+    s_gemm.linear_splitk_params, s_gemm.linear_splitk_build, (16, 21),
+    s_gemm.LINEAR_SPLITK_EXAMPLES, s_gemm.LINEAR_SPLITK_INVALID,
+))
+register(OpSpec(
+    "splitk_reduce", gemm.splitk_reduce, references.gemm.splitk_reduce,
+    s_gemm.splitk_reduce_params, s_gemm.splitk_reduce_build, (21,),
+    s_gemm.SPLITK_REDUCE_EXAMPLES, s_gemm.SPLITK_REDUCE_INVALID,
 ))
 # fmt: on

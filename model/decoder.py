@@ -187,7 +187,7 @@ class Decoder:
         k = self.op(n, "k_rope", "apply_rope", k, cos, sin)
         self.op(n, "kv_store", "kv_cache_store", self.k_cache[n], self.v_cache[n], k, v, start_pos)
         a = self.op(n, "attention", "attention", q, self.k_cache[n], self.v_cache[n], seq_lens, self.scale)
-        o = self.op(n, "o_proj", "linear", a.view(batch * seq, c.q_size), w.o_proj, None)
+        o = self.op(n, "o_proj", "linear", a.reshape(batch * seq, c.q_size), w.o_proj, None)
         h, residual = self.op(
             n,
             "mlp_norm",

@@ -62,3 +62,216 @@ def rms_norm_half_written(x: torch.Tensor, weight: torch.Tensor, eps: float) -> 
         right.view(-1, y.shape[-1])[: rows.shape[0] // 2 + rows.shape[0] % 2]
     )
     return y
+
+
+# ---- GEMM ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    HAS_BIAS: tl.constexpr,
+    BUG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    if BUG == "contiguous_weight_assumed":  # ignores the weight's strides: wrong for any view
+        stride_wn = K
+        stride_wk = 1
+    x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if BUG == "k_tail_dropped":  # only whole K blocks: the last K % BLOCK_K terms are never summed
+        for _ in range(0, K // BLOCK_K):
+            acc = tl.dot(tl.load(x_ptrs), tl.load(w_ptrs), acc)
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+    else:
+        for k in range(0, K, BLOCK_K):
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < K - k, other=0.0)
+            acc = tl.dot(a, b, acc)
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, bug: str) -> torch.Tensor:
+    (m, k), n = x.shape, weight.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, 16), triton.cdiv(n, 32))
+    _linear_kernel[grid](
+        x,
+        weight,
+        bias if bias is not None else x,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        HAS_BIAS=bias is not None,
+        BUG=bug,
+        BLOCK_M=16,
+        BLOCK_N=32,
+        BLOCK_K=32,
+    )
+    return y
+
+
+def linear_k_tail_dropped(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _linear(x, weight, bias, "k_tail_dropped")
+
+
+def linear_contiguous_weight_assumed(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _linear(x, weight, bias, "contiguous_weight_assumed")
+
+
+def linear_splitk_k_tail_dropped(
+    x: torch.Tensor, weight: torch.Tensor, split_k: int, *, partials: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _linear(x, weight, None, "k_tail_dropped")
+
+
+def splitk_reduce_last_split_dropped(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """An off-by-one in the loop over splits (``range(S - 1)``)."""
+    return partials[: max(1, partials.shape[0] - 1)].sum(0).to(out_dtype)
+
+
+# ---- attention ---------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    seq_lens_ptr,
+    o_ptr,
+    qk_scale,
+    S,
+    L,
+    HQ,
+    HKV,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BUG: tl.constexpr,
+):
+    """ops.attention's prefill kernel, every step masked, with one bug."""
+    m_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = bh % HQ
+    if BUG == "gqa_modulo":  # kv heads interleaved instead of grouped
+        kvh = h % HKV
+    else:
+        kvh = h // GROUP
+    seq_len = tl.load(seq_lens_ptr + b)
+    kv_len = tl.minimum(seq_len, L)
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    pos = seq_len - S + offs_m
+    if BUG == "causal_off_by_one":  # each query also sees the next row
+        pos += 1
+    q = tl.load(
+        q_ptr + b * stride_qb + offs_m[:, None] * stride_qs + h * stride_qh + offs_d[None, :],
+        mask=(offs_m < S)[:, None],
+        other=0.0,
+    )
+    kv_base = (b * L * HKV + kvh) * HEAD_DIM
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start in range(0, kv_len, BLOCK_N):
+        keys = start + offs_n
+        in_cache = keys < kv_len
+        offsets = kv_base + keys[:, None] * HKV * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k_ptr + offsets, mask=in_cache[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(in_cache[None, :] & (keys[None, :] <= pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        if BUG == "no_rescale":  # the running sums are not rescaled when the max grows
+            alpha = tl.full([BLOCK_M], 1.0, tl.float32)
+        else:
+            alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + offsets, mask=in_cache[:, None], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_rows = (b * S + offs_m) * HQ + h
+    tl.store(
+        o_ptr + o_rows[:, None] * HEAD_DIM + offs_d[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        (offs_m < S)[:, None],
+    )
+
+
+def _attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    bug: str,
+) -> torch.Tensor:
+    batch, seq, q_heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _attention_kernel[(triton.cdiv(seq, 16), batch * q_heads)](
+        q, k_cache, v_cache, seq_lens, o, scale * 1.4426950408889634, seq, k_cache.shape[1], q_heads,
+        kv_heads, q.stride(0), q.stride(1), q.stride(2),
+        GROUP=q_heads // kv_heads, HEAD_DIM=dim, BLOCK_M=16, BLOCK_N=16, BUG=bug,
+    )  # fmt: skip
+    return o
+
+
+def attention_causal_off_by_one(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    return _attention(q, k_cache, v_cache, seq_lens, scale, "causal_off_by_one")
+
+
+def attention_gqa_modulo(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    return _attention(q, k_cache, v_cache, seq_lens, scale, "gqa_modulo")
+
+
+def attention_no_rescale(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    return _attention(q, k_cache, v_cache, seq_lens, scale, "no_rescale")

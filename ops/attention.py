@@ -1,0 +1,520 @@
+"""Causal attention over the KV cache (article ops 6, 7, 8), in two kernel paths.
+
+``attention(q[B,S,Hq,D], k_cache[B,L,Hkv,D], v_cache, seq_lens int32[B], scale)``: query ``i`` of
+batch row ``b`` sits at position ``seq_lens[b] - S + i`` and sees cache rows ``0 ..`` its own
+position; head ``h`` reads kv head ``h // (Hq / Hkv)``.
+
+Both paths are flash attention: scores live only in registers, softmax is computed online in
+fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 exponentials with
+``log2(e)`` folded into the scale.
+
+* Prefill (many new tokens): one program per (block of ``BLOCK_M`` queries, batch, q head),
+  as in the Triton fused-attention tutorial. Cache rows every query of the block may see are
+  processed without a mask, the diagonal band with one; the heaviest blocks start first.
+* Decode (``S x Hq/Hkv <= DECODE_MAX_ROWS`` query rows per kv head: one token, a few
+  speculative ones, a small chunk): a one-token step has too few query blocks to fill the GPU,
+  so the cache is split instead ("flash-decoding"). One program per (split, batch, kv head)
+  holds all the queries of the kv group, loads each K/V tile once, and writes a partial
+  (softmax-normalized output, log-sum-exp) to fp32 scratch; a second kernel combines the
+  splits. The split count depends only on the cache capacity ``L`` (and batch, heads, device),
+  never on the device ``seq_lens``, so one captured CUDA Graph replays at every length; splits
+  past ``seq_len`` write a neutral partial (output 0, log-sum-exp ``-inf``).
+
+``seq_lens`` is never read on the host (a captured graph replays at every length), so device
+values the wrapper cannot check are made safe in the kernel instead: ``seq_len > L`` reads
+only the ``L`` rows there are, and a query that sees no row (``seq_len < S``) gets zeros.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ops import backend, validate
+
+PATHS = ("auto", "prefill", "decode")
+DECODE_MAX_ROWS = 64  # query rows (new tokens x q heads per kv head) one decode program holds
+HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tiles need no head-dim mask
+MAX_SPLITS = 128  # caps the combine kernel's work and the scratch size
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_m: int  # queries per program
+    block_n: int  # cache rows per step
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int  # cache rows per step
+    num_warps: int
+    num_stages: int
+    target_programs: int  # aim for about this many (split, batch, kv head) programs
+
+
+class DecodeScratch(NamedTuple):
+    """Preallocated fp32 partials of the decode path (a CUDA Graph must allocate nothing)."""
+
+    out: torch.Tensor  # [B, S, Hq, splits, D]: each split's softmax-normalized output
+    lse: torch.Tensor  # [B, S, Hq, splits]: each split's log2-sum-exp of the scaled scores
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attend_block(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_base,
+    v_base,
+    keys,
+    pos,
+    kv_len,
+    stride_n,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step of the rows in ``acc`` over the cache rows ``keys``.
+
+    Unmasked steps cover rows every query may see (all below ``kv_len``); masked steps hide
+    rows at or past ``kv_len`` and rows after the query's position ``pos``.
+    """
+    offs_d = tl.arange(0, HEAD_DIM)
+    offsets = keys[:, None] * stride_n + offs_d[None, :]
+    if MASKED:
+        in_cache = keys < kv_len
+        k = tl.load(k_base + offsets, mask=in_cache[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + offsets)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(in_cache[None, :] & (keys[None, :] <= pos[:, None]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen no visible key yet keeps m = -inf; subtract 0 there, not -inf (NaN).
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_base + offsets, mask=in_cache[:, None], other=0.0)
+    else:
+        v = tl.load(v_base + offsets)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    seq_lens_ptr,
+    o_ptr,
+    qk_scale,
+    S,
+    L,
+    HQ,
+    HKV,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # Causal blocks late in the sequence do the most work: launch them first.
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = bh % HQ
+    seq_len = tl.load(seq_lens_ptr + b)
+    kv_len = tl.minimum(tl.maximum(seq_len, 0), L)
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < S
+    pos = seq_len - S + offs_m
+    q = tl.load(
+        q_ptr + b * stride_qb + offs_m[:, None] * stride_qs + h * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    kv_offset = (b * L * HKV + h // GROUP) * HEAD_DIM
+    stride_n = HKV * HEAD_DIM
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    first = seq_len - S + m_block * BLOCK_M  # the block's first query position
+    last = seq_len - S + tl.minimum(m_block * BLOCK_M + BLOCK_M, S) - 1
+    # Rows 0..first are visible to every query of the block: whole tiles of them need no mask.
+    full_end = tl.maximum(tl.minimum(first + 1, kv_len), 0) // BLOCK_N * BLOCK_N
+    end = tl.maximum(tl.minimum(last + 1, kv_len), 0)
+    for start in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, False, DOT_PRECISION,
+        )  # fmt: skip
+    for start in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0 only for a query that sees no row
+    o_rows = (b * S + offs_m) * HQ + h
+    o_ptrs = o_ptr + o_rows[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    seq_lens_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    qk_scale,
+    S,
+    L,
+    HQ,
+    HKV,
+    SPLITS,
+    SPLIT_SIZE,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = (bk // HKV).to(tl.int64)
+    kvh = bk % HKV
+    seq_len = tl.load(seq_lens_ptr + b)
+    kv_len = tl.minimum(tl.maximum(seq_len, 0), L)
+
+    # Row r holds query r // GROUP of q head kvh * GROUP + r % GROUP: the whole kv group.
+    rows = tl.arange(0, BLOCK_H)
+    i = rows // GROUP
+    h = kvh * GROUP + rows % GROUP
+    row_ok = i < S
+    pos = seq_len - S + i
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + b * stride_qb + i[:, None] * stride_qs + h[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    kv_offset = (b * L * HKV + kvh) * HEAD_DIM
+    stride_n = HKV * HEAD_DIM
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    start = split * SPLIT_SIZE
+    end = tl.minimum(start + SPLIT_SIZE, kv_len)
+    # Rows up to the first query's position are visible to all rows of the group.
+    full_end = tl.maximum(tl.minimum(seq_len - S + 1, end), start)
+    full_end = start + (full_end - start) // BLOCK_N * BLOCK_N
+    for n in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, False, DOT_PRECISION,
+        )  # fmt: skip
+    for n in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    # An empty split (past seq_len, or before a query's position) leaves l = 0: a neutral partial.
+    l_use = tl.where(l_i == 0.0, 1.0, l_i)
+    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_use))
+    part_rows = ((b * S + i) * HQ + h) * SPLITS + split
+    tl.store(
+        part_o_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :],
+        acc / l_use[:, None],
+        mask=row_ok[:, None],
+    )
+    tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    o_ptr,
+    SPLITS,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """One output row: the splits' outputs weighted by ``2^(lse - max lse)``, normalized."""
+    row = tl.program_id(0).to(tl.int64)  # (b, i, h) in the output's row order
+    splits = tl.arange(0, BLOCK_SPLITS)
+    lse = tl.load(part_lse_ptr + row * SPLITS + splits, mask=splits < SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)  # no split saw a row: all weights 0, output 0
+    total = tl.sum(tl.math.exp2(lse - m_use), 0)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for first in range(0, SPLITS, CHUNK):
+        chunk = first + offs_c
+        ok = chunk < SPLITS
+        w = tl.math.exp2(tl.load(part_lse_ptr + row * SPLITS + chunk, mask=ok, other=float("-inf")) - m_use)
+        part = tl.load(
+            part_o_ptr + (row * SPLITS + chunk)[:, None] * HEAD_DIM + offs_d[None, :], ok[:, None], other=0.0
+        )
+        acc += tl.sum(part * w[:, None], 0)
+    o = acc / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_ptr + row * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty))
+
+
+# ---- launch configuration ----------------------------------------------------------------------
+
+
+@functools.cache
+def _sm_count() -> int:
+    if backend.is_interpreter():
+        return 2
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def prefill_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
+    """Tiles for the prefill path (H200 best guesses; ``python -m verify.bench attention --sweep``)."""
+    if backend.is_interpreter():  # small tiles: block tails and both loop stages run on small cases
+        return PrefillConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
+    if head_dim <= 64:
+        cfg = PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    elif head_dim <= 128:
+        cfg = PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    else:
+        cfg = PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+    if dtype == torch.float32:  # twice the shared memory per tile
+        cfg = PrefillConfig(cfg.block_m, max(16, cfg.block_n // 2), cfg.num_warps, 2)
+    return cfg
+
+
+def decode_config(head_dim: int, dtype: torch.dtype) -> DecodeConfig:
+    """Tiles and split target for the decode path: 16 KiB K and V tiles, ~2 programs per SM."""
+    if backend.is_interpreter():
+        return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())
+    block_n = max(16, 8192 // head_dim)
+    if dtype == torch.float32:
+        block_n = max(16, block_n // 2)
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, target_programs=2 * _sm_count())
+
+
+def decode_splits(batch: int, kv_heads: int, capacity: int, config: DecodeConfig) -> tuple[int, int]:
+    """``(splits, rows per split)`` for a cache of ``capacity`` rows: a function of shapes only."""
+    blocks = max(1, triton.cdiv(capacity, config.block_n))
+    wanted = max(1, triton.cdiv(config.target_programs, batch * kv_heads))
+    per_split = max(triton.cdiv(blocks, min(wanted, MAX_SPLITS)), 1)
+    return triton.cdiv(blocks, per_split), per_split * config.block_n
+
+
+def decode_scratch(
+    q: torch.Tensor, k_cache: torch.Tensor, config: DecodeConfig | None = None
+) -> DecodeScratch:
+    """Allocate the decode path's partials for these shapes (once, before graph capture)."""
+    batch, seq, q_heads, dim = q.shape
+    config = config or decode_config(dim, q.dtype)
+    splits, _ = decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)
+    return DecodeScratch(
+        torch.empty((batch, seq, q_heads, splits, dim), dtype=torch.float32, device=q.device),
+        torch.empty((batch, seq, q_heads, splits), dtype=torch.float32, device=q.device),
+    )
+
+
+def uses_decode_path(new_tokens: int, group: int) -> bool:
+    """What ``path="auto"`` picks: decode when the whole kv group's queries fit one program."""
+    return new_tokens * group <= DECODE_MAX_ROWS
+
+
+# ---- wrappers ----------------------------------------------------------------------------------
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 inputs: no silent TF32 rounding
+
+
+def _check_args(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> None:
+    validate.tensor("q", q, ndim=4)
+    validate.tensor("k_cache", k_cache, ndim=4)
+    validate.contiguous("k_cache", k_cache)
+    validate.tensor("v_cache", v_cache, ndim=4)
+    validate.contiguous("v_cache", v_cache)
+    validate.shape("v_cache", v_cache, k_cache.shape, "the shape of k_cache")
+    validate.same_dtype("k_cache", k_cache, "q", q)
+    validate.same_dtype("v_cache", v_cache, "q", q)
+    batch, capacity, kv_heads, dim = k_cache.shape
+    _, seq, q_heads, _ = q.shape
+    validate.shape("q", q, (batch, seq, q_heads, dim), "[B, S, Hq, D] with B and D of k_cache")
+    if dim not in HEAD_DIMS:
+        raise ValueError(f"q: head_dim {dim} is not supported; expected one of {HEAD_DIMS}")
+    if kv_heads == 0 or q_heads % kv_heads:
+        raise ValueError(f"q: {q_heads} q heads is not a multiple of the caches' {kv_heads} kv heads")
+    if seq > capacity:
+        raise ValueError(f"q: {seq} new tokens do not fit a cache of capacity {capacity}")
+    validate.tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,))
+    validate.shape("seq_lens", seq_lens, (batch,), "one length per batch entry")
+    validate.positive("scale", scale)
+
+
+def _check_scratch(scratch: DecodeScratch, q: torch.Tensor, splits: int) -> None:
+    batch, seq, q_heads, dim = q.shape
+    for name, t, shape in (
+        ("scratch.out", scratch.out, (batch, seq, q_heads, splits, dim)),
+        ("scratch.lse", scratch.lse, (batch, seq, q_heads, splits)),
+    ):
+        validate.tensor(name, t, dtypes=(torch.float32,))
+        validate.shape(name, t, shape, "from decode_scratch(q, k_cache)")
+        validate.contiguous(name, t)
+
+
+def launch_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    o: torch.Tensor,
+    config: PrefillConfig,
+) -> None:
+    """Launch the prefill kernel on checked arguments (``attention`` checks; sweeps call this)."""
+    batch, seq, q_heads, dim = q.shape
+    _, capacity, kv_heads, _ = k_cache.shape
+    grid = (triton.cdiv(seq, config.block_m), batch * q_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, seq_lens, o, scale * LOG2E, seq, capacity, q_heads, kv_heads,
+        q.stride(0), q.stride(1), q.stride(2),
+        GROUP=q_heads // kv_heads, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        DOT_PRECISION=_dot_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+def launch_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    o: torch.Tensor,
+    scratch: DecodeScratch,
+    config: DecodeConfig,
+) -> None:
+    """Launch the split and combine kernels on checked arguments, ``scratch`` sized for ``config``."""
+    batch, seq, q_heads, dim = q.shape
+    _, capacity, kv_heads, _ = k_cache.shape
+    group = q_heads // kv_heads
+    splits, split_size = decode_splits(batch, kv_heads, capacity, config)
+    _decode_split_kernel[(splits, batch * kv_heads)](
+        q, k_cache, v_cache, seq_lens, scratch.out, scratch.lse, scale * LOG2E, seq, capacity,
+        q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
+        GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(seq * group)),
+        BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    _decode_combine_kernel[(batch * seq * q_heads,)](
+        scratch.out, scratch.lse, o, splits, HEAD_DIM=dim,
+        BLOCK_SPLITS=triton.next_power_of_2(splits), CHUNK=min(16, triton.next_power_of_2(splits)),
+        num_warps=4 if dim >= 128 else 2,
+    )  # fmt: skip
+
+
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    scratch: DecodeScratch | None = None,
+    path: str = "auto",
+) -> torch.Tensor:
+    """Causal GQA attention of the ``S`` new queries over the first ``seq_lens[b]`` cache rows.
+
+    ``q`` may be any view with unit stride in the last dim (a head slice of the fused QKV
+    output); the caches must be contiguous. ``path`` picks the kernel ("auto": decode when
+    ``S * Hq/Hkv <= DECODE_MAX_ROWS``). For CUDA Graph capture pass ``out`` and, on the decode
+    path, ``scratch`` from :func:`decode_scratch`: then nothing is allocated. ``seq_lens`` is a
+    device tensor and is not checked against ``S`` and ``L`` (that would need a host sync).
+    """
+    _check_args(q, k_cache, v_cache, seq_lens, scale)
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
+    batch, seq, q_heads, dim = q.shape
+    group = q_heads // k_cache.shape[2]
+    decode = uses_decode_path(seq, group) if path == "auto" else path == "decode"
+    if decode and seq * group > DECODE_MAX_ROWS:
+        raise ValueError(
+            f"q: the decode path holds at most {DECODE_MAX_ROWS} query rows per kv head, "
+            f"got {seq} tokens x {group} heads"
+        )
+    o = validate.output(out, q.shape, q.dtype, q)
+    if o.numel() == 0:
+        return o
+    scale = float(scale)
+    if not decode:
+        launch_prefill(q, k_cache, v_cache, seq_lens, scale, o, prefill_config(dim, q.dtype))
+        return o
+    config = decode_config(dim, q.dtype)
+    if scratch is None:
+        scratch = decode_scratch(q, k_cache, config)
+    else:
+        _check_scratch(scratch, q, decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)[0])
+    launch_decode(q, k_cache, v_cache, seq_lens, scale, o, scratch, config)
+    return o
+
+
+def attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`attention` forced onto the prefill kernel (any ``S``)."""
+    return attention(q, k_cache, v_cache, seq_lens, scale, out=out, path="prefill")
+
+
+def attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    scratch: DecodeScratch | None = None,
+) -> torch.Tensor:
+    """:func:`attention` forced onto the split-KV decode kernels (``S * Hq/Hkv <= DECODE_MAX_ROWS``)."""
+    return attention(q, k_cache, v_cache, seq_lens, scale, out=out, scratch=scratch, path="decode")

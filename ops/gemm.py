@@ -1,0 +1,592 @@
+"""The decoder's projections: ``x @ weight.T (+ bias)`` (article ops 2, 10, 13, 14, 16, 21).
+
+Two kernels, one choice per shape, fixed ahead of time (no autotune: it would run inside
+CUDA Graph capture):
+
+* ``tiled``: the Triton tutorial's matmul. Each program owns a BLOCK_M x BLOCK_N output tile
+  and walks K with ``tl.dot``; tiles are visited in groups of GROUP_M rows so a strip of the
+  weight is reused from L2 while it is hot. Prefill (M in the hundreds) is compute bound here.
+* ``gemv``: decode (M <= 4). A matmul tile would waste most of its rows, and what counts is
+  streaming the weight once at memory bandwidth, so each program owns BLOCK_N outputs and
+  reads their weight rows in wide (16-byte) BLOCK_K chunks, all of them at once when K fits
+  one chunk, else through a pipelined loop, to keep enough bytes in flight.
+
+Either kernel can split K (``split_k`` programs per output tile, each over a contiguous K
+range) when the output alone gives too few programs to fill the GPU (N=1024 at M=1 is 256
+GEMV programs for 132 SMs): the splits write fp32 partials ``[split_k, M, N]`` and
+``splitk_reduce`` sums them in a fixed order and rounds once. No atomics, so results are
+deterministic. The partials live in the caller's buffer or a per-shape workspace, so a CUDA
+Graph capture of a warmed-up call allocates nothing.
+
+Both kernels read ``x`` and ``weight`` through their strides (the model passes column slices
+of fused buffers); the accumulator is fp32 and the bias is added in fp32 before the single
+rounding to the output dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ops import validate
+
+KERNELS = ("gemv", "tiled")
+GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
+MAX_SPLIT_K = 64  # the reduce unrolls over the splits
+SMS = 132  # H200 streaming multiprocessors: sizes the default split-K
+SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use: bounds the pipeline depth
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tiled_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_os,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """``out[split] = x[:, K range of split] @ weight[:, same range].T``, plus bias when not split."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    # Grouped order: GROUP_M consecutive programs share a weight strip while it sits in L2.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows past M / N re-read valid rows (wrapped), so loads need no M/N mask; the store is masked.
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    k_start = split * k_per_split
+    k_len = min(K - k_start, k_per_split)  # <= 0 for a trailing empty split: it writes zeros
+    k_base = k_start.to(tl.int64)
+    x_ptrs = x_ptr + k_base * stride_xk + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + k_base * stride_wk + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, k_len, BLOCK_K):
+        if EVEN_K:  # whole blocks only: no mask, the loads stay vectorized
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:  # the K tail: masked lanes read 0 and add nothing
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_len - k, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_len - k, other=0.0)
+        if FP32_IEEE:  # tl.dot would use TF32 (10-bit mantissa) for fp32 operands on the GPU
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None].to(tl.int64) * stride_om
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptrs + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_os,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    k_start = split * k_per_split
+    k_len = min(K - k_start, k_per_split)
+    k_base = k_start.to(tl.int64)
+    x_ptrs = x_ptr + k_base * stride_xk + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + k_base * stride_wk + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+
+    if BLOCK_M == 1:  # one row: accumulate elementwise, reduce over K once after the loop
+        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # tl.range pipelines these loads (the num_stages launch option only pipelines loads into tl.dot).
+    for k in tl.range(0, k_len, BLOCK_K, num_stages=NUM_STAGES):
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            x = tl.load(x_ptrs, mask=offs_k[None, :] < k_len - k, other=0.0)
+            w = tl.load(w_ptrs, mask=offs_k[None, :] < k_len - k, other=0.0)
+        prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        if BLOCK_M == 1:
+            acc += prod
+        else:
+            acc += tl.sum(prod, axis=2)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    if BLOCK_M == 1:
+        acc = tl.sum(acc, axis=2)
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None].to(tl.int64) * stride_om
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptrs + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    p_ptr,
+    b_ptr,
+    out_ptr,
+    N,
+    stride_ps,
+    stride_pm,
+    HAS_BIAS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """``out[m] = sum_s partials[s, m] (+ bias)`` in fp32, split 0 first, rounded once.
+
+    The splits are unrolled so every load is issued before the first add waits on one.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    ptrs = p_ptr + row * stride_pm + cols
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for _ in tl.static_range(1, SPLITS):
+        ptrs += stride_ps  # a pointer step per split: no int32 offset overflow on large partials
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+REDUCE_BLOCK_N = 256
+
+
+# ---- configs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One fixed launch configuration.
+
+    ``kernel`` is ``"gemv"`` (M <= 4; ``block_m`` is ignored, the kernel takes
+    ``next_power_of_2(M)`` rows) or ``"tiled"``. ``num_stages`` pipelines the K loop's loads.
+    ``split_k`` > 1 writes fp32 partials and adds a reduce launch.
+    """
+
+    kernel: str
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"config.kernel: expected one of {KERNELS}, got {self.kernel!r}")
+        for name in ("block_m", "block_n", "block_k", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"config.{name}: expected a power of two, got {value}")
+        if not 1 <= self.split_k <= MAX_SPLIT_K:
+            raise ValueError(f"config.split_k: expected 1..{MAX_SPLIT_K}, got {self.split_k}")
+
+    def replace(self, **changes: int | str) -> GemmConfig:
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        tile = f"n{self.block_n}" if self.kernel == "gemv" else f"{self.block_m}x{self.block_n}"
+        split = f" splitK{self.split_k}" if self.split_k > 1 else ""
+        return f"{self.kernel} {tile} k{self.block_k}{split} w{self.num_warps} s{self.num_stages}"
+
+
+# A shape's M is looked up as the first bucket >= M (4096 stands for every M above 256).
+M_BUCKETS = (1, 4, 16, 64, 256, 4096)
+
+
+def m_bucket(m: int) -> int:
+    return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
+
+
+def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    return GemmConfig("gemv", 1, n, k, split, w, s)
+
+
+def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    return GemmConfig("tiled", m, n, k, split, w, s)
+
+
+# (M bucket, N, K) -> config for every projection of the article config, Qwen3-0.6B and
+# Qwen2.5-0.5B, decode (M=1) and prefill (M=256).
+# BEST GUESSES for the H200 (132 SMs, ~4.3 TB/s, ~790 TFLOP/s bf16), not measured yet: to be
+# replaced by the table `python -m verify.bench gemm --sweep --preset all` prints.
+# Decode guesses: K <= 1024 is read in one BLOCK_K step with plain 16-byte loads (num_stages=1:
+# nothing to pipeline), so all of a program's weight bytes are in flight at once; small N gets
+# BLOCK_N=4 (N=1024 -> 256 programs, ~2 per SM); long K loops with cp.async pipelining
+# (3 stages of 4 x 512 per program keep ~3 MB in flight GPU-wide, the bandwidth x latency
+# product), or splits K when N alone gives too few programs.
+# Prefill guesses: 128x128 tiles where they give >= ~130 tiles, else 64-wide tiles or split-K.
+CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
+    # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
+    (1, 1536, 1024): _gemv(4, 1024, 1, 4, 1),
+    (1, 1024, 1024): _gemv(4, 1024, 1, 4, 1),
+    (1, 9728, 1024): _gemv(8, 1024, 1, 4, 1),
+    (1, 1024, 4864): _gemv(4, 512, 1, 4, 3),
+    (1, 151936, 1024): _gemv(8, 1024, 1, 4, 1),
+    (256, 1536, 1024): _tiled(64, 64, 64, 1, 4, 4),
+    (256, 1024, 1024): _tiled(64, 64, 64, 1, 4, 4),
+    (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),
+    (256, 1024, 4864): _tiled(64, 64, 64, 2, 4, 4),
+    (256, 151936, 1024): _tiled(128, 256, 64, 1, 8, 3),
+    # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
+    (1, 4096, 1024): _gemv(8, 1024, 1, 4, 1),
+    (1, 1024, 2048): _gemv(4, 1024, 2, 4, 1),
+    (1, 6144, 1024): _gemv(8, 1024, 1, 4, 1),
+    (1, 1024, 3072): _gemv(4, 512, 1, 4, 3),
+    (256, 4096, 1024): _tiled(128, 128, 64, 1, 8, 3),
+    (256, 1024, 2048): _tiled(64, 64, 64, 1, 4, 4),
+    (256, 6144, 1024): _tiled(128, 128, 64, 1, 8, 3),
+    (256, 1024, 3072): _tiled(64, 64, 64, 2, 4, 4),
+    # Qwen2.5-0.5B: hidden 896, heads 14/2 x 64, intermediate 4864, QKV bias
+    (1, 1152, 896): _gemv(4, 1024, 1, 4, 1),
+    (1, 896, 896): _gemv(4, 1024, 1, 4, 1),
+    (1, 9728, 896): _gemv(8, 1024, 1, 4, 1),
+    (1, 896, 4864): _gemv(4, 512, 1, 4, 3),
+    (1, 151936, 896): _gemv(8, 1024, 1, 4, 1),
+    (256, 1152, 896): _tiled(64, 64, 64, 1, 4, 4),
+    (256, 896, 896): _tiled(64, 64, 64, 1, 4, 4),
+    (256, 9728, 896): _tiled(128, 128, 64, 1, 8, 3),
+    (256, 896, 4864): _tiled(64, 64, 64, 2, 4, 4),
+    (256, 151936, 896): _tiled(128, 256, 64, 1, 8, 3),
+}
+
+
+def _fill_split(programs: int, k: int, block_k: int) -> int:
+    """The smallest power-of-two split that gives ~2 programs per SM, keeping >= 2 K blocks per split."""
+    split = 1
+    while split * 2 <= 8 and programs * split < 2 * SMS and k >= split * 4 * block_k:
+        split *= 2
+    return split
+
+
+def default_config(m: int, n: int, k: int) -> GemmConfig:
+    """A reasonable config for a shape the table does not list."""
+    if m <= GEMV_MAX_M:
+        block_n = 4 if n <= 2048 else 8 if n <= 16384 else 16
+        # the per-step product is [rows, BLOCK_N, BLOCK_K]: fewer K per step for more rows
+        block_k = (1024 if k <= 1024 else 512) // triton.next_power_of_2(m)
+        stages = 1 if k <= block_k else 3  # one K step: nothing to pipeline, plain wide loads
+        return _gemv(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)
+    if m <= 64:  # skinny: a 16..64-row tile, split K to fill the GPU
+        block_m = max(16, triton.next_power_of_2(m))
+        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 64)
+        return _tiled(block_m, 64, 128, _fill_split(tiles, k, 128), 4, 4)
+    if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= SMS:
+        return _tiled(128, 128, 64, 1, 8, 3)
+    tiles = triton.cdiv(m, 64) * triton.cdiv(n, 64)
+    return _tiled(64, 64, 64, _fill_split(tiles, k, 64), 4, 4)
+
+
+def config_for(m: int, n: int, k: int) -> GemmConfig:
+    """The table's config for ``(m_bucket(m), n, k)``, else :func:`default_config`."""
+    return CONFIGS.get((m_bucket(m), n, k)) or default_config(m, n, k)
+
+
+def table_config(m: int, n: int, k: int) -> GemmConfig:
+    """What ``linear`` launches for this shape: :func:`config_for`, split no finer than K's blocks."""
+    config = config_for(m, n, k)
+    split = min(config.split_k, max(1, triton.cdiv(k, config.block_k)))
+    return config if split == config.split_k else config.replace(split_k=split)
+
+
+def partials_shape(m: int, n: int, k: int) -> tuple[int, int, int] | None:
+    """The fp32 partials buffer ``linear`` needs for this shape (None: its config does not split K).
+
+    A caller may allocate it and pass it as ``partials=``; otherwise ``linear`` uses its workspace.
+    """
+    split = table_config(m, n, k).split_k
+    return (split, m, n) if split > 1 else None
+
+
+# ---- wrappers ----------------------------------------------------------------------------------
+
+# linear's split-K partials when the caller passes none: one buffer per (device, shape), made on
+# first use -- the warm-up before CUDA Graph capture -- and never freed, so a captured graph's
+# buffer stays valid. Launches on one stream run in order, so all calls of a shape share it.
+_workspaces: dict[tuple[torch.device, int, int, int], torch.Tensor] = {}
+
+
+def _workspace(split: int, m: int, n: int, device: torch.device) -> torch.Tensor:
+    key = (device, split, m, n)
+    if key not in _workspaces:
+        _workspaces[key] = torch.empty((split, m, n), dtype=torch.float32, device=device)
+    return _workspaces[key]
+
+
+def _check_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, int]:
+    validate.tensor("x", x, ndim=2, last_dim_contiguous=False)
+    validate.tensor("weight", weight, ndim=2, last_dim_contiguous=False)
+    m, k = x.shape
+    n, k_w = weight.shape
+    if k_w != k:
+        hint = ""
+        if n == k:
+            hint = (
+                "; it looks like a [K, N] weight: linear takes weight as [N, K] "
+                "(nn.Linear layout), pass weight.T"
+            )
+        raise ValueError(
+            f"weight: expected shape [N, {k}] (K={k} is the last dim of x {tuple(x.shape)}), "
+            f"got {tuple(weight.shape)}{hint}"
+        )
+    validate.same_dtype("weight", weight, "x", x)
+    return m, n, k
+
+
+def _check_bias(bias: torch.Tensor | None, n: int, x: torch.Tensor) -> None:
+    if bias is None:
+        return
+    validate.tensor("bias", bias, ndim=1)
+    validate.shape("bias", bias, (n,), "N, the first dim of weight")
+    validate.same_dtype("bias", bias, "x", x)
+
+
+def _check_split_k(split_k: object, k: int) -> None:
+    if isinstance(split_k, bool) or not isinstance(split_k, int) or not 1 <= split_k <= min(k, MAX_SPLIT_K):
+        raise ValueError(f"split_k: expected an int from 1 to min(K={k}, {MAX_SPLIT_K}), got {split_k!r}")
+
+
+def _reduce(partials: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> None:
+    splits, m, n = partials.shape
+    if m == 0 or n == 0:
+        return
+    _splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK_N))](
+        partials,
+        bias if bias is not None else partials,
+        y,
+        n,
+        partials.stride(0),
+        partials.stride(1),
+        HAS_BIAS=bias is not None,
+        SPLITS=splits,
+        BLOCK_N=REDUCE_BLOCK_N,
+    )
+
+
+def _fit_stages(stages: int, elems_per_stage: int, elem_bytes: int) -> int:
+    """Fewer pipeline stages where a config tuned for bf16 meets fp32 operands (twice the bytes)."""
+    while stages > 1 and stages * elems_per_stage * elem_bytes > SMEM_BYTES:
+        stages -= 1
+    return stages
+
+
+def _run(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: GemmConfig,
+    y: torch.Tensor,
+    partials: torch.Tensor | None,
+) -> torch.Tensor:
+    """Launch on checked arguments: straight into ``y``, or into ``partials`` and then the reduce."""
+    (m, k), n = x.shape, weight.shape[0]
+    if m == 0 or n == 0:
+        return y
+    if k == 0:  # an empty sum: the bias alone
+        return y.copy_(bias.expand(m, n)) if bias is not None else y.zero_()
+    if config.kernel == "gemv" and m > GEMV_MAX_M:
+        raise ValueError(f"config: the gemv kernel takes M <= {GEMV_MAX_M}, got M={m}")
+    split = partials.shape[0] if partials is not None else 1
+    # Blocks no larger than the problem (tl.dot needs >= 16 in every dim).
+    block_n = max(16 if config.kernel == "tiled" else 1, min(config.block_n, triton.next_power_of_2(n)))
+    block_k = max(16, min(config.block_k, triton.next_power_of_2(triton.cdiv(k, split))))
+    # Each split covers whole K blocks, so only the last block of the last nonempty split is partial.
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    fused_bias = bias is not None and partials is None
+    target = y if partials is None else partials
+    args = (
+        x,
+        weight,
+        bias if fused_bias else target,  # a dummy pointer when the kernel adds no bias
+        target,
+        m,
+        n,
+        k,
+        k_per_split,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        0 if partials is None else partials.stride(0),
+        n if partials is None else partials.stride(1),
+    )
+    if config.kernel == "gemv":
+        block_m = triton.next_power_of_2(m)
+        _gemv_kernel[(triton.cdiv(n, block_n), split)](
+            *args,
+            HAS_BIAS=fused_bias,
+            EVEN_K=k % block_k == 0,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            NUM_STAGES=_fit_stages(config.num_stages, (block_m + block_n) * block_k, x.element_size()),
+            num_warps=config.num_warps,
+        )
+    else:
+        block_m = max(16, min(config.block_m, triton.next_power_of_2(m)))
+        stages = _fit_stages(config.num_stages, (block_m + block_n) * block_k, x.element_size())
+        _tiled_kernel[(triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split)](
+            *args,
+            HAS_BIAS=fused_bias,
+            EVEN_K=k % block_k == 0,
+            FP32_IEEE=x.dtype == torch.float32,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            GROUP_M=config.group_m,
+            num_warps=config.num_warps,
+            num_stages=stages,
+        )
+    if partials is not None:
+        _reduce(partials, bias, y)
+    return y
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: GemmConfig,
+    *,
+    out: torch.Tensor | None = None,
+    partials: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` with an explicit config: what ``linear`` runs, and what benchmarks sweep.
+
+    ``config.split_k`` is taken as given (trailing splits may be empty when K is short; they add
+    zeros); with ``split_k > 1``, ``partials`` is fp32 ``[split_k, M, N]`` or None (allocated here).
+    """
+    m, n, _ = _check_operands(x, weight)
+    _check_bias(bias, n, x)
+    y = validate.output(out, (m, n), x.dtype, x)
+    if config.split_k > 1:
+        partials = validate.output(partials, (config.split_k, m, n), torch.float32, x, "partials")
+    else:
+        partials = None
+    return _run(x, weight, bias, config, y, partials)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    partials: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x[M, K] @ weight[N, K].T + bias[N]`` in fp32, rounded once, with the table's config.
+
+    ``partials``: the fp32 split-K buffer of shape :func:`partials_shape`, used only when the
+    shape's config splits K; without it a per-shape workspace is used, so after one warm-up call
+    a CUDA Graph capture of ``linear`` allocates nothing either way.
+    """
+    m, n, k = _check_operands(x, weight)
+    config = table_config(m, n, k)
+    if config.split_k == 1:
+        partials = None
+    elif partials is None:
+        partials = _workspace(config.split_k, m, n, x.device)
+    return launch(x, weight, bias, config, out=out, partials=partials)
+
+
+def linear_splitk(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    split_k: int,
+    *,
+    partials: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ weight.T`` as ``split_k`` fp32 partials over contiguous K ranges, then ``splitk_reduce``.
+
+    ``partials``: a preallocated fp32 ``[split_k, M, N]`` buffer (then nothing is allocated for
+    it, so the call can be captured in a CUDA Graph); it holds the partials afterwards.
+    """
+    m, n, k = _check_operands(x, weight)
+    _check_split_k(split_k, k)
+    config = config_for(m, n, k)
+    if m > GEMV_MAX_M and config.kernel == "gemv":
+        config = default_config(m, n, k)
+    y = validate.output(out, (m, n), x.dtype, x)
+    partials = validate.output(partials, (split_k, m, n), torch.float32, x, "partials")
+    return _run(x, weight, None, config, y, partials)
+
+
+def splitk_reduce(
+    partials: torch.Tensor, out_dtype: torch.dtype, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``partials[0] + partials[1] + ...`` over the split dim in fp32, in that order, rounded once."""
+    validate.tensor("partials", partials, ndim=3, dtypes=(torch.float32,))
+    if out_dtype not in validate.FLOAT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in validate.FLOAT_DTYPES)
+        raise TypeError(f"out_dtype: expected one of ({names}), got {out_dtype!r}")
+    splits, m, n = partials.shape
+    if not 1 <= splits <= MAX_SPLIT_K:
+        raise ValueError(
+            f"partials: expected 1..{MAX_SPLIT_K} splits in dim 0, got shape {tuple(partials.shape)}"
+        )
+    y = validate.output(out, (m, n), out_dtype, partials)
+    _reduce(partials, None, y)
+    return y

@@ -1,0 +1,74 @@
+"""Causal attention over the KV cache, written as the article's three steps (ops 6, 7, 8).
+
+Each step is a public function, so a drill-down can run and show one step on its own:
+
+1. ``qk_score``: scores ``q . k * scale`` for every query, head and cache row.
+2. ``causal_mask_softmax``: hide cache rows a query may not see, softmax over the rest.
+3. ``pv_matmul``: the probability-weighted sum of the value rows.
+
+Positions: batch row ``b`` holds ``seq_lens[b]`` valid cache rows; the ``S`` new queries are the
+last ``S`` of them, so query ``i`` sits at position ``seq_lens[b] - S + i`` and sees cache rows
+``0 ..`` its own position (causal, bottom-right aligned). Query head ``h`` reads kv head
+``h // (Hq / Hkv)`` (grouped-query attention).
+
+A query that sees no row at all cannot happen under the contract (``S <= seq_len``): there
+is always the query's own row. If it does (a device ``seq_len`` below ``S``), the softmax
+of an all-masked row is NaN here; the kernel writes zeros there. A ``seq_len`` past the
+capacity ``L`` simply finds no rows beyond ``L``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from references.precision import acc, out
+
+
+def _expand_kv(x: torch.Tensor, q_heads: int) -> torch.Tensor:
+    """``[B, L, Hkv, D]`` -> ``[B, L, Hq, D]``: head ``h`` gets kv head ``h // (Hq / Hkv)``."""
+    return x.repeat_interleave(q_heads // x.shape[2], dim=2)
+
+
+def qk_score(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Article op 6: ``scores[b, h, i, j] = q[b, i, h] . k[b, j, h // group] * scale``, ``[B, Hq, S, L]``.
+
+    In the compute dtype (fp32 for the reference), every cache row, masked or not.
+    """
+    keys = _expand_kv(acc(k), q.shape[2])
+    return torch.einsum("bihd,bjhd->bhij", acc(q), keys) * scale
+
+
+def visible(seq_lens: torch.Tensor, new_tokens: int, capacity: int) -> torch.Tensor:
+    """``[B, 1, S, L]`` bool: may query ``i`` of batch row ``b`` see cache row ``j``?
+
+    Row ``j`` is visible when ``j <= seq_lens[b] - S + i`` (its own position or earlier), which
+    also keeps ``j < seq_lens[b]``.
+    """
+    rows = torch.arange(capacity, device=seq_lens.device)
+    positions = seq_lens.long()[:, None] - new_tokens + torch.arange(new_tokens, device=seq_lens.device)
+    return (rows[None, None, :] <= positions[:, :, None])[:, None]
+
+
+def causal_mask_softmax(scores: torch.Tensor, seq_lens: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Article op 7: masked rows get ``-inf``, then softmax over the cache rows (compute dtype)."""
+    mask = visible(seq_lens, new_tokens, scores.shape[-1])
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+def pv_matmul(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Article op 8: ``out[b, i, h] = sum_j probs[b, h, i, j] * v[b, j, h // group]``, ``[B, S, Hq, D]``."""
+    values = _expand_kv(acc(v), probs.shape[1])
+    return torch.einsum("bhij,bjhd->bihd", probs, values)
+
+
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``softmax(q k^T * scale, causal over the valid cache rows) v``, ``[B, S, Hq, D]`` in q's dtype."""
+    scores = qk_score(q, k_cache, scale)
+    probs = causal_mask_softmax(scores, seq_lens, q.shape[1])
+    return out(pv_matmul(probs, v_cache), q.dtype)

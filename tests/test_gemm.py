@@ -1,0 +1,230 @@
+"""GEMM-specific tests the registry-generated ones cannot express: every kernel path and split
+under forced configs, the keyword-only buffers (``out``, ``partials``) really used and checked,
+the config table and its lookup, and CUDA Graph capture with preallocated buffers (GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import registry
+from ops import backend, gemm
+from ops.gemm import GemmConfig
+from verify.compare import check
+from verify.strategies.gemm import MODEL_PROJECTIONS
+
+DEVICE = backend.device()
+LINEAR = registry.get("linear")
+SPLITK = registry.get("linear_splitk")
+
+
+def _linear_case(m: int, n: int, k: int, **extra: object):
+    params = {**LINEAR.typical, "m": m, "n": n, "k": k, **extra}
+    return LINEAR.build(params, DEVICE)
+
+
+# ---- every kernel path, with and without split-K ------------------------------------------------
+
+CONFIGS = [
+    GemmConfig("gemv", 1, 4, 32),
+    GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2),
+    GemmConfig("gemv", 1, 16, 16, split_k=8),
+    GemmConfig("tiled", 16, 32, 32),
+    GemmConfig("tiled", 32, 64, 64, split_k=4, group_m=2),
+    GemmConfig("tiled", 64, 16, 16, split_k=2, group_m=1),
+]
+SHAPES = [  # m, n, k, extra params: tails, EVEN_K (k=128), N=1, every layout, bias on/off, fp32
+    (1, 65, 129, {"bias": True, "x_layout": "column_slice", "w_layout": "row_slice"}),
+    (3, 33, 128, {"bias": False, "x_layout": "transposed", "w_layout": "transposed"}),
+    (2, 1, 17, {"bias": True, "x_layout": "contiguous", "w_layout": "column_slice", "dtype": "float32"}),
+    (37, 70, 100, {"bias": True, "x_layout": "column_slice", "w_layout": "transposed", "dtype": "float16"}),
+    (130, 65, 64, {"bias": False, "x_layout": "transposed", "w_layout": "contiguous"}),
+]
+
+
+PATHS = [
+    pytest.param(config, shape, id=f"{config.describe()}-M{shape[0]}-N{shape[1]}-K{shape[2]}")
+    for config in CONFIGS
+    for shape in SHAPES
+    if config.kernel == "tiled" or shape[0] <= gemm.GEMV_MAX_M
+]
+
+
+@pytest.mark.parametrize(("config", "shape"), PATHS)
+def test_every_kernel_path_matches_reference(config: GemmConfig, shape: tuple) -> None:
+    m, n, k, extra = shape
+    case = _linear_case(m, n, k, **extra)
+    result = check(LINEAR, case, lambda x, w, b: gemm.launch(x, w, b, config))
+    assert result.passed, result.describe()
+
+
+def test_gemv_config_refuses_large_m() -> None:
+    x, w, b = _linear_case(5, 8, 8).args
+    with pytest.raises(ValueError, match="config"):
+        gemm.launch(x, w, b, GemmConfig("gemv", 1, 4, 32))
+
+
+BUGGY = [
+    ("linear", "linear_k_tail_dropped"),
+    ("linear", "linear_contiguous_weight_assumed"),
+    ("linear_splitk", "linear_splitk_k_tail_dropped"),
+    ("splitk_reduce", "splitk_reduce_last_split_dropped"),
+]
+
+
+@pytest.mark.parametrize(("op", "fn"), BUGGY, ids=[fn for _, fn in BUGGY])
+def test_broken_gemm_kernels_are_caught(op: str, fn: str) -> None:
+    """The typical case, and it with a transposed weight: each bug shows on one of them."""
+    from tests import buggy_kernels
+
+    spec = registry.get(op)
+    variants = [spec.typical] + (
+        [{**spec.typical, "w_layout": "transposed"}] if op != "splitk_reduce" else []
+    )
+    results = [check(spec, spec.build(p, DEVICE), getattr(buggy_kernels, fn)) for p in variants]
+    assert not all(r.passed for r in results)
+
+
+# ---- the keyword-only buffers --------------------------------------------------------------------
+
+
+def test_preallocated_partials_are_used() -> None:
+    """Every split is written into the caller's buffer (NaN before), and they add up to the product."""
+    x, w, _ = _linear_case(3, 65, 129).args
+    partials = torch.full((5, 3, 65), float("nan"), dtype=torch.float32, device=DEVICE)
+    out = torch.empty((3, 65), dtype=x.dtype, device=DEVICE)
+    y = gemm.linear_splitk(x, w, 5, partials=partials, out=out)
+    assert y is out
+    assert torch.isfinite(partials).all(), "a split left its partial unwritten"
+    full = x.float() @ w.float().T
+    torch.testing.assert_close(partials.sum(0), full, rtol=1e-5, atol=1e-4)
+    assert (partials.abs().sum(dim=(1, 2)) > 0).sum() > 1, "the K range was not split"
+    torch.testing.assert_close(y, gemm.splitk_reduce(partials, x.dtype), rtol=0, atol=0)
+
+
+def test_linear_without_partials_reuses_one_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(gemm.CONFIGS, (1, 65, 129), GemmConfig("gemv", 1, 8, 32, split_k=3))
+    monkeypatch.setattr(gemm, "_workspaces", {})
+    case = _linear_case(1, 65, 129, bias=True)
+    for _ in range(2):
+        result = check(LINEAR, case)
+        assert result.passed, result.describe()
+    assert [tuple(t.shape) for t in gemm._workspaces.values()] == [(3, 1, 65)]
+
+
+def test_linear_follows_the_table_and_uses_its_partials(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = GemmConfig("gemv", 1, 8, 32, split_k=3)
+    monkeypatch.setitem(gemm.CONFIGS, (1, 65, 129), config)
+    assert gemm.config_for(1, 65, 129) == config
+    assert gemm.partials_shape(1, 65, 129) == (3, 1, 65)
+    partials = torch.full((3, 1, 65), float("nan"), dtype=torch.float32, device=DEVICE)
+    case = _linear_case(1, 65, 129, bias=True)
+    result = check(LINEAR, case, lambda x, w, b: gemm.linear(x, w, b, partials=partials))
+    assert result.passed, result.describe()
+    assert torch.isfinite(partials).all()
+
+
+def test_bad_keyword_buffers_are_refused() -> None:
+    x, w, b = _linear_case(3, 65, 129, bias=True).args
+    with pytest.raises(ValueError, match="out"):
+        gemm.linear(x, w, b, out=torch.empty((3, 66), dtype=x.dtype, device=DEVICE))
+    with pytest.raises(TypeError, match="out"):
+        gemm.linear(x, w, b, out=torch.empty((3, 65), dtype=torch.float32, device=DEVICE))
+    with pytest.raises(TypeError, match="partials"):
+        gemm.linear_splitk(x, w, 2, partials=torch.empty((2, 3, 65), dtype=x.dtype, device=DEVICE))
+    with pytest.raises(ValueError, match="partials"):
+        gemm.linear_splitk(x, w, 2, partials=torch.empty((2, 3, 64), dtype=torch.float32, device=DEVICE))
+    with pytest.raises(ValueError, match="partials"):  # a strided view cannot be written as [S, M, N]
+        wide = torch.empty((2, 3, 80), dtype=torch.float32, device=DEVICE)
+        gemm.linear_splitk(x, w, 2, partials=wide[:, :, :65])
+    p = torch.zeros((2, 3, 65), dtype=torch.float32, device=DEVICE)
+    with pytest.raises(TypeError, match="out"):
+        gemm.splitk_reduce(p, torch.bfloat16, out=torch.empty((3, 65), dtype=torch.float16, device=DEVICE))
+
+
+def test_shape_errors_say_what_was_expected() -> None:
+    x, w, _ = _linear_case(3, 65, 129).args
+    with pytest.raises(ValueError, match=r"weight: .*\[K, N\] weight.*pass weight\.T"):
+        gemm.linear(x, w.T.contiguous())
+    short_x, short_w = x[:, :5], w[:, :5]
+    with pytest.raises(ValueError, match=r"split_k: .*K=5"):
+        gemm.linear_splitk(short_x, short_w, 6)
+
+
+# ---- the config table ---------------------------------------------------------------------------
+
+
+def test_m_buckets() -> None:
+    assert [gemm.m_bucket(m) for m in (1, 2, 4, 5, 16, 17, 64, 65, 256, 257, 10**6)] == [
+        1, 4, 4, 16, 16, 64, 64, 256, 256, 4096, 4096,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", sorted(MODEL_PROJECTIONS))
+def test_table_covers_every_model_projection(preset: str) -> None:
+    for proj in MODEL_PROJECTIONS[preset]:
+        for m in (1, 256):
+            assert (m, proj.n, proj.k) in gemm.CONFIGS, f"{preset} {proj.name} M={m} is not in the table"
+            config = gemm.config_for(m, proj.n, proj.k)
+            assert config is gemm.CONFIGS[(m, proj.n, proj.k)]
+            assert config.kernel == "tiled" or m <= gemm.GEMV_MAX_M
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 16, 33, 64, 200, 1000])
+@pytest.mark.parametrize(("n", "k"), [(7, 9), (1000, 100), (1024, 4864), (3000, 50000), (151936, 896)])
+def test_default_config_is_valid(m: int, n: int, k: int) -> None:
+    config = gemm.default_config(m, n, k)
+    assert (config.kernel == "gemv") == (m <= gemm.GEMV_MAX_M)
+    launched = gemm.table_config(m, n, k)
+    assert launched.split_k <= max(1, -(-k // launched.block_k)), "more splits than K blocks"
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="kernel"):
+        GemmConfig("mma", 16, 16, 16)
+    with pytest.raises(ValueError, match="block_n"):
+        GemmConfig("tiled", 16, 48, 16)
+    with pytest.raises(ValueError, match="split_k"):
+        GemmConfig("tiled", 16, 16, 16, split_k=0)
+
+
+# ---- GPU: CUDA Graph capture, fp32 precision -----------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("own_partials", [True, False], ids=["partials given", "workspace"])
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1, 1024, 4864), (1, 1536, 1024), (256, 1024, 3072), (7, 1024, 3000)]
+)
+def test_cuda_graph_capture_allocates_nothing(m: int, n: int, k: int, own_partials: bool) -> None:
+    """After one warm-up call the captured call allocates nothing, and replays on new inputs."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    shape = gemm.partials_shape(m, n, k)
+    partials = torch.empty(shape, device="cuda", dtype=torch.float32) if shape and own_partials else None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gemm.linear(x, w, out=out, partials=partials)  # compile outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    with torch.cuda.graph(graph):
+        gemm.linear(x, w, out=out, partials=partials)
+    assert torch.cuda.memory_stats().get("allocation.all.allocated", 0) == before
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), x.float() @ w.float().T, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_fp32_inputs_are_not_rounded_to_tf32() -> None:
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.float32)
+    w = torch.randn(256, 4096, device="cuda", dtype=torch.float32)
+    exact = x.double() @ w.double().T
+    for config in (gemm.default_config(64, 256, 4096), GemmConfig("tiled", 64, 64, 64, split_k=4)):
+        err = (gemm.launch(x, w, None, config).double() - exact).abs().max().item()
+        assert err < 1e-3, f"{config.describe()}: error {err:.3g} (TF32 would give ~1e-1)"

@@ -1,0 +1,58 @@
+"""HF transformers as an independent oracle for the shared decoder structure.
+
+The reference and Triton models share one forward (model/decoder.py), so a wiring mistake
+there (residual order, RoPE layout, GQA mapping, qk-norm placement) would be invisible to
+``verify.bisect``. Here the reference model, in fp32 with fp32 weights, must reproduce
+transformers' own modeling code for each family on the same checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import config as model_config
+from model import reference
+from model import weights as model_weights
+from model.config import ModelConfig
+
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = {
+    "llama": ModelConfig("llama", 120, 64, 72, 2, 4, 2, 16, rope_theta=10000.0, tie_word_embeddings=False),
+    "qwen2": ModelConfig("qwen2", 120, 64, 72, 2, 4, 2, 16, rope_theta=10000.0, qkv_bias=True),
+    "qwen3": ModelConfig("qwen3", 120, 64, 72, 2, 4, 1, 16, rope_theta=10000.0, qk_norm=True),
+}
+
+
+def _checkpoint(directory: Path, cfg: ModelConfig) -> torch.nn.Module:
+    hf_config = transformers.AutoConfig.for_model(**model_config.to_hf_dict(cfg))
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    with torch.no_grad():  # HF zero-inits biases and ones-inits norms: make them matter
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(directory)
+    return hf
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_reference_model_matches_transformers(tmp_path: Path, family: str) -> None:
+    cfg = FAMILIES[family]
+    hf = _checkpoint(tmp_path, cfg)
+    weights = model_weights.load(tmp_path, model_config.load(tmp_path), "cpu", dtype=torch.float32)
+    ref = reference.build(weights, max_batch=2, max_seq=24)
+    ids = torch.randint(0, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits
+        got = ref.forward(ids, torch.zeros(2, dtype=torch.int32), all_logits=True)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        # and a decode step through the KV cache, against HF's cached decode
+        past = hf(input_ids=ids, use_cache=True).past_key_values
+        step = torch.tensor([[3], [77]])
+        expected_step = hf(input_ids=step, past_key_values=past, use_cache=True).logits[:, -1]
+        got_step = ref.forward(step, torch.full((2,), 9, dtype=torch.int32))
+        torch.testing.assert_close(got_step, expected_step, rtol=1e-4, atol=1e-4)

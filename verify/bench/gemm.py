@@ -1,0 +1,481 @@
+"""``python -m verify.bench gemm``: our GEMM kernels against cuBLAS on every projection of a model.
+
+Normal mode: each projection at decode (M=1) and prefill (M=256), three rows: the config the
+table picks (marked ``*``; what ``linear`` runs), the same config with split-K flipped (off if
+the table splits K, on otherwise), and ``torch.nn.functional.linear`` (cuBLAS). Decode is
+judged against the weight-read roofline (measured kernel-copy bandwidth), prefill against the
+measured dense bf16 matmul peak and cuBLAS.
+
+``--sweep``: times a compact list of candidate configs per shape and prints the fastest as a
+ready-to-paste ``CONFIGS`` table for ``ops/gemm.py``.
+
+Every config is checked against a torch fp32 matmul before it is timed, so a fast but wrong
+config cannot win. Everything is timed the way the model runs: many launches captured back to
+back in one CUDA Graph, each on its own copy of the weight, copies rotating through more than
+3x the L2 (``verify.bench.timing``). Exit 0: every timed config computed the right answer;
+1: some config did not (its row says ``WRONG``); 2: bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ops import gemm
+from ops.gemm import GemmConfig
+from verify.bench import timing
+from verify.strategies.gemm import MODEL_PROJECTIONS, Projection
+
+PHASES = ((1, "decode"), (256, "prefill"))
+DECODE_BW_TARGET = 0.75  # M=1: >= 75% of the copy bandwidth on the weight bytes ...
+LM_HEAD_BOUND_RATIO = 1.2  # ... lm_head within 1.2x of the bandwidth-bound time
+PREFILL_CUBLAS_TARGET = 0.70  # M=256: >= 70% of cuBLAS's speed
+
+
+# ---- candidates for the sweep ------------------------------------------------------------------
+
+
+def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    return GemmConfig("gemv", 1, n, k, split, w, s)
+
+
+def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    return GemmConfig("tiled", m, n, k, split, w, s)
+
+
+# Decode: how many outputs a program owns (BLOCK_N), how much of K one step loads, how far K is
+# split, and whether the K loop is pipelined through shared memory (num_stages > 1) or loads
+# straight into registers (1); plus skinny tl.dot tiles with split-K. Kept short: each config
+# compiles once per shape class.
+DECODE_CANDIDATES = (
+    _gemv(2, 1024, 1, 2, 1),
+    _gemv(4, 1024, 1, 4, 1),
+    _gemv(4, 1024, 1, 4, 2),
+    _gemv(8, 1024, 1, 4, 1),
+    _gemv(8, 1024, 1, 8, 1),
+    _gemv(16, 1024, 1, 8, 1),
+    _gemv(16, 512, 1, 4, 3),
+    _gemv(32, 256, 1, 4, 4),
+    _gemv(8, 512, 1, 4, 4),
+    _gemv(4, 1024, 2, 4, 2),
+    _gemv(4, 512, 2, 4, 1),
+    _gemv(4, 512, 4, 4, 1),
+    _gemv(8, 512, 4, 4, 3),
+    _gemv(4, 256, 8, 4, 3),
+    _tiled(16, 64, 128, 4, 4, 4),
+    _tiled(16, 32, 256, 8, 4, 3),
+)
+# Prefill (M=256): tl.dot tiles; split-K variants for the small-N, long-K projections.
+PREFILL_CANDIDATES = (
+    _tiled(128, 256, 64, 1, 8, 3),
+    _tiled(128, 128, 64, 1, 8, 3),
+    _tiled(128, 128, 64, 1, 4, 4),
+    _tiled(128, 64, 64, 1, 4, 4),
+    _tiled(64, 128, 64, 1, 4, 4),
+    _tiled(64, 64, 64, 1, 4, 4),
+    _tiled(64, 64, 128, 1, 4, 3),
+    _tiled(128, 128, 64, 2, 8, 3),
+    _tiled(64, 128, 64, 2, 4, 4),
+    _tiled(64, 64, 64, 2, 4, 4),
+    _tiled(64, 64, 64, 4, 4, 4),
+)
+
+
+# ---- one problem: inputs, weight copies, fp32 answer ------------------------------------------
+
+
+@dataclass
+class Problem:
+    preset: str
+    proj: Projection
+    m: int
+    x: torch.Tensor
+    weights: list[torch.Tensor]
+    bias: torch.Tensor | None
+    ref: torch.Tensor  # fp32 x @ weights[0].T + bias
+
+    @property
+    def label(self) -> str:
+        return f"{self.proj.name} {self.proj.n}x{self.proj.k}{' +bias' if self.proj.bias else ''}"
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.proj.n * self.proj.k * 2
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.weight_bytes + 2 * self.m * (self.proj.k + self.proj.n)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.proj.n * self.proj.k
+
+
+def make_problem(preset: str, proj: Projection, m: int, device: str = "cuda", copies: int = 0) -> Problem:
+    """Inputs and ``copies`` (default: enough to rotate through 3x the L2) copies of one weight."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    n, k = proj.n, proj.k
+    w0 = (torch.randn(n, k, device=device, generator=gen) / math.sqrt(k)).to(torch.bfloat16)
+    # Same values, separate memory: each captured launch streams its own copy from HBM.
+    weights = [w0] + [w0.clone() for _ in range((copies or timing.copies_for(n * k * 2)) - 1)]
+    x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+    bias = (0.1 * torch.randn(n, device=device, generator=gen)).to(torch.bfloat16) if proj.bias else None
+    ref = x.float() @ w0.float().T
+    if bias is not None:
+        ref += bias.float()
+    return Problem(preset, proj, m, x, weights, bias, ref)
+
+
+def check_output(y: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
+    """Right up to rounding: at most 2x the error of rounding the fp32 answer once, plus fp32 noise."""
+    err = (y.float() - ref).abs().max().item()
+    rounding = (ref.to(y.dtype).float() - ref).abs().max().item()
+    return err <= 2 * rounding + 1e-5 * ref.abs().max().item(), err
+
+
+def ours(problem: Problem, config: GemmConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``w -> launch(...)`` on buffers allocated once, as the CUDA Graph runner does."""
+    m, n, device = problem.m, problem.proj.n, problem.x.device
+    out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+    partials = None
+    if config.split_k > 1:
+        partials = torch.empty(config.split_k, m, n, device=device, dtype=torch.float32)
+    return lambda w: gemm.launch(problem.x, w, problem.bias, config, out=out, partials=partials)
+
+
+def cublas(problem: Problem) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda w: F.linear(problem.x, w, problem.bias)
+
+
+def time_per_call(problem: Problem, fn: Callable[[torch.Tensor], torch.Tensor], replays: int) -> float:
+    calls = [(lambda w=w: fn(w)) for w in problem.weights]
+    return timing.graph_time_per_call(calls, replays=replays)
+
+
+@dataclass
+class Row:
+    preset: str
+    shape: str
+    m: int
+    n: int
+    k: int
+    impl: str
+    config: str
+    seconds: float | None
+    correct: bool
+    max_error: float
+    gbps: float = 0.0
+    tflops: float = 0.0
+    pct_roofline: float = 0.0
+    vs_cublas: float = 0.0  # cuBLAS time / this time: > 1 is faster than cuBLAS
+    note: str = ""
+
+
+@dataclass
+class Roofline:
+    copy_bw: float  # bytes/s
+    bf16_peak: float  # FLOP/s
+
+    def percent(self, problem: Problem, seconds: float) -> float:
+        if problem.m == 1:  # bandwidth bound: the weight read at copy bandwidth
+            return 100 * problem.weight_bytes / self.copy_bw / seconds
+        return 100 * problem.flops / seconds / self.bf16_peak
+
+
+def measure(
+    problem: Problem,
+    impl: str,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    config_text: str,
+    roof: Roofline,
+    replays: int,
+    gate: bool = True,
+) -> Row:
+    """Check ``fn`` against the fp32 answer, then (if right, or ``gate`` is off: cuBLAS) time it."""
+    proj = problem.proj
+    row = Row(problem.preset, problem.label, problem.m, proj.n, proj.k, impl, config_text, None, False, 0.0)
+    try:
+        y = fn(problem.weights[0])
+        torch.cuda.synchronize()
+        row.correct, row.max_error = check_output(y, problem.ref)
+        if not row.correct and gate:
+            row.note = "WRONG: not timed"
+            return row
+        if not row.correct:
+            row.note = f"max error {row.max_error:.3g} (baseline, timed anyway)"
+        row.seconds = time_per_call(problem, fn, replays)
+    except Exception as exc:  # a config that fails to compile or launch is reported, not fatal
+        row.note = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        return row
+    row.gbps = problem.bytes_moved / row.seconds / 1e9
+    row.tflops = problem.flops / row.seconds / 1e12
+    row.pct_roofline = roof.percent(problem, row.seconds)
+    return row
+
+
+# ---- normal mode -------------------------------------------------------------------------------
+
+
+def _flipped(config: GemmConfig, n: int) -> tuple[str, GemmConfig]:
+    if config.split_k > 1:
+        return "ours, no split-K", config.replace(split_k=1)
+    split = 4 if n <= 2048 else 2
+    return f"ours, split-K {split}", config.replace(split_k=split)
+
+
+def bench_problem(problem: Problem, roof: Roofline, replays: int) -> list[Row]:
+    m, n, k = problem.m, problem.proj.n, problem.proj.k
+    table = gemm.table_config(m, n, k)
+    source = "table" if (gemm.m_bucket(m), n, k) in gemm.CONFIGS else "default"
+    alt_name, alt = _flipped(table, n)
+    rows = [
+        measure(problem, "ours *", ours(problem, table), f"{table.describe()} ({source})", roof, replays),
+        measure(problem, alt_name, ours(problem, alt), alt.describe(), roof, replays),
+        measure(problem, "cuBLAS", cublas(problem), "F.linear", roof, replays, gate=False),
+    ]
+    base = rows[-1].seconds
+    for row in rows:
+        if row.seconds and base:
+            row.vs_cublas = base / row.seconds
+    return rows
+
+
+def targets(rows: list[Row]) -> list[str]:
+    """One line per (projection, phase): the brief's performance target for the table's pick, met or not."""
+    lines = []
+    for pick in rows[::3]:  # bench_problem gives three rows per problem, the table's pick first
+        name = f"{pick.preset} {pick.shape} M={pick.m}"
+        if not pick.seconds:
+            lines.append(f"MISS {name}: not timed ({pick.note})")
+            continue
+        if pick.m == 1:  # every projection: the bandwidth share and cuBLAS; lm_head a tighter share
+            need = 100 / LM_HEAD_BOUND_RATIO if "lm_head" in pick.shape else 100 * DECODE_BW_TARGET
+            ok = pick.pct_roofline >= need and pick.vs_cublas >= 1.0
+            want = f">= {need:.0f}% of copy bandwidth and no slower than cuBLAS"
+            got = f"{pick.pct_roofline:.0f}% of bandwidth, {pick.vs_cublas:.2f}x cuBLAS speed"
+        else:
+            ok = pick.vs_cublas >= PREFILL_CUBLAS_TARGET
+            want = f">= {100 * PREFILL_CUBLAS_TARGET:.0f}% of cuBLAS speed"
+            got = f"{100 * pick.vs_cublas:.0f}% of cuBLAS speed ({pick.pct_roofline:.0f}% of bf16 peak)"
+        lines.append(f"{'ok  ' if ok else 'MISS'} {name}: {got}; target {want}")
+    return lines
+
+
+def _fmt(rows: Iterable[Row]) -> str:
+    body = []
+    for r in rows:
+        timed = r.seconds is not None
+        body.append(
+            [
+                r.shape,
+                r.m,
+                r.impl,
+                r.config,
+                f"{r.seconds * 1e6:.2f}" if timed else "-",
+                f"{r.gbps:.0f}" if timed else "-",
+                f"{r.tflops:.1f}" if timed else "-",
+                f"{r.pct_roofline:.0f}%" if timed else "-",
+                f"{r.vs_cublas:.2f}x" if timed and r.vs_cublas else "-",
+                r.note or ("ok" if r.correct else "WRONG"),
+            ]
+        )
+    headers = ["projection", "M", "impl", "config", "us", "GB/s", "TFLOP/s", "% roof", "vs cuBLAS", "check"]
+    return timing.table(headers, body)
+
+
+def _presets(choice: str) -> list[str]:
+    return list(MODEL_PROJECTIONS) if choice == "all" else [choice]
+
+
+def _roofline() -> Roofline:
+    print("measuring the roofline denominators ...", flush=True)
+    roof = Roofline(timing.copy_bandwidth(), timing.bf16_matmul_peak())
+    print(
+        f"  copy bandwidth {roof.copy_bw / 1e12:.2f} TB/s (read + write, kernel copy); "
+        f"bf16 dense matmul {roof.bf16_peak / 1e12:.0f} TFLOP/s\n"
+        "  % roof: M=1 weight bytes at copy bandwidth / time; M=256 achieved / bf16 peak. "
+        "vs cuBLAS: cuBLAS time / this time (> 1 is faster)."
+    )
+    return roof
+
+
+def run_bench(presets: list[str], replays: int) -> tuple[list[Row], list[str]]:
+    roof = _roofline()
+    rows: list[Row] = []
+    for preset in presets:
+        preset_rows: list[Row] = []
+        for proj in MODEL_PROJECTIONS[preset]:
+            for m, _ in PHASES:
+                problem = make_problem(preset, proj, m)
+                preset_rows += bench_problem(problem, roof, replays)
+                del problem
+                torch.cuda.empty_cache()
+        print(f"\n== {preset} ==")
+        print(_fmt(preset_rows), flush=True)
+        rows += preset_rows
+    lines = targets(rows)
+    print("\ntargets (the table's pick, '*'):")
+    print("\n".join(f"  {line}" for line in lines))
+    return rows, lines
+
+
+# ---- sweep -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepResult:
+    m: int
+    n: int
+    k: int
+    shape: str
+    best: GemmConfig | None
+    best_seconds: float | None
+    cublas_seconds: float | None
+    rows: list[Row] = field(default_factory=list)
+
+
+def _unique_problems(presets: list[str]) -> list[tuple[str, Projection, int]]:
+    seen: set[tuple[int, int, int]] = set()
+    out = []
+    for preset in presets:
+        for proj in MODEL_PROJECTIONS[preset]:
+            for m, _ in PHASES:
+                if (m, proj.n, proj.k) not in seen:
+                    seen.add((m, proj.n, proj.k))
+                    out.append((preset, proj, m))
+    return out
+
+
+def candidates_for(m: int, n: int, k: int) -> list[GemmConfig]:
+    """The phase's candidates plus the table's current pick and the default, without duplicates."""
+    pool = [gemm.config_for(m, n, k), gemm.default_config(m, n, k)]
+    pool += DECODE_CANDIDATES if m <= gemm.GEMV_MAX_M else PREFILL_CANDIDATES
+    out: list[GemmConfig] = []
+    for config in pool:
+        split = min(config.split_k, max(1, -(-k // config.block_k)))
+        config = config.replace(split_k=split)
+        if config not in out:
+            out.append(config)
+    return out
+
+
+def sweep_problem(preset: str, proj: Projection, m: int, roof: Roofline, replays: int) -> SweepResult:
+    problem = make_problem(preset, proj, m)
+    result = SweepResult(m, proj.n, proj.k, problem.label, None, None, None)
+    for config in candidates_for(m, proj.n, proj.k):
+        row = measure(problem, "ours", ours(problem, config), config.describe(), roof, replays)
+        result.rows.append(row)
+        if row.seconds and (result.best_seconds is None or row.seconds < result.best_seconds):
+            result.best, result.best_seconds = config, row.seconds
+    blas = measure(problem, "cuBLAS", cublas(problem), "F.linear", roof, replays, gate=False)
+    result.rows.append(blas)
+    result.cublas_seconds = blas.seconds
+    for row in result.rows:
+        if row.seconds and blas.seconds:
+            row.vs_cublas = blas.seconds / row.seconds
+    del problem
+    torch.cuda.empty_cache()
+    return result
+
+
+def _config_source(config: GemmConfig) -> str:
+    """The config as the ``_gemv(...)`` / ``_tiled(...)`` call ``ops/gemm.py`` writes its table with."""
+    tail = f"{config.block_k}, {config.split_k}, {config.num_warps}, {config.num_stages}"
+    if config.kernel == "gemv":
+        return f"_gemv({config.block_n}, {tail})"
+    return f"_tiled({config.block_m}, {config.block_n}, {tail})"
+
+
+def paste_table(results: list[SweepResult], device: str) -> str:
+    lines = [
+        f"# Measured by `python -m verify.bench gemm --sweep` on {device}: the fastest correct candidate",
+        "# per shape, timed in a CUDA Graph over rotated weight copies (comment: time, cuBLAS time).",
+        "CONFIGS: dict[tuple[int, int, int], GemmConfig] = {",
+    ]
+    for r in results:
+        key = f"({r.m}, {r.n}, {r.k})"
+        if r.best is None:
+            lines.append(f"    # {key}: no correct candidate ran; keep the old entry")
+            continue
+        blas = f"{r.cublas_seconds * 1e6:.2f} us" if r.cublas_seconds else "-"
+        lines.append(
+            f"    {key}: {_config_source(r.best)},  # {r.shape.split()[0]} {r.best_seconds * 1e6:.2f} us, "
+            f"cuBLAS {blas}"
+        )
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def run_sweep(presets: list[str], replays: int) -> tuple[list[SweepResult], str]:
+    roof = _roofline()
+    results = []
+    for preset, proj, m in _unique_problems(presets):
+        r = sweep_problem(preset, proj, m, roof, replays)
+        results.append(r)
+        ranked = sorted((row for row in r.rows if row.seconds), key=lambda row: row.seconds)
+        wrong = [row for row in r.rows if not row.seconds]
+        current = gemm.table_config(m, proj.n, proj.k).describe()
+        rank = next((i for i, row in enumerate(ranked) if row.config == current), None)
+        where = f"rank {rank + 1}, {ranked[rank].seconds * 1e6:.2f} us" if rank is not None else "not timed"
+        print(f"\n{r.shape} M={m}: {len(ranked)} timed, {len(wrong)} not (wrong or failed); ", end="")
+        print(f"the current table's {current}: {where}")
+        print(_fmt(ranked[:4] + wrong))
+        sys.stdout.flush()
+    text = paste_table(results, torch.cuda.get_device_name())
+    print("\n" + text)
+    return results, text
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verify.bench gemm", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=[*MODEL_PROJECTIONS, "all"], default="all")
+    p.add_argument("--sweep", action="store_true", help="time candidate configs, print the best as a table")
+    p.add_argument("--replays", type=int, default=20, help="graph replays per timing (median)")
+    p.add_argument("--json", metavar="PATH", help="also write every row as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print("verify.bench gemm: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check reference must be fp32
+    presets = _presets(args.preset)
+    device = torch.cuda.get_device_name()
+    print(f"verify.bench gemm on {device}: presets {', '.join(presets)}{' (sweep)' if args.sweep else ''}")
+    if args.sweep:
+        results, text = run_sweep(presets, args.replays)
+        rows = [row for r in results for row in r.rows]
+        payload: dict = {"device": device, "mode": "sweep", "table": text, "rows": [asdict(r) for r in rows]}
+    else:
+        rows, lines = run_bench(presets, args.replays)
+        payload = {"device": device, "mode": "bench", "targets": lines, "rows": [asdict(r) for r in rows]}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+    # Wrong answers always count; in normal mode so does a config that failed to run (linear
+    # would fail the same way), in a sweep a candidate that does not compile is merely skipped.
+    bad = [
+        r
+        for r in rows
+        if r.impl != "cuBLAS" and not r.correct and (not args.sweep or not r.note.startswith("failed"))
+    ]
+    if bad:
+        print(f"\n{len(bad)} config(s) gave a wrong answer or failed to run:", file=sys.stderr)
+        for r in bad:
+            print(
+                f"  {r.shape} M={r.m} {r.config}: {r.note or f'max error {r.max_error:.3g}'}", file=sys.stderr
+            )
+        return 1
+    return 0

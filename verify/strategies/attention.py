@@ -1,0 +1,230 @@
+"""Cases for ``attention`` and its two kernel paths: GQA groups 1 to 8, decode and chunked
+prefill (``seq_len > S``), ragged ``seq_lens`` across the batch, scores large enough to overflow
+a softmax without max subtraction, all very negative, or all tied, q as a head slice of the fused
+QKV output, and cache rows past ``seq_len`` full of large random values (reading them shows)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from hypothesis import strategies as st
+
+from ops.attention import DECODE_MAX_ROWS, uses_decode_path
+from verify.cases import AWKWARD, Case, dtype_name, dtype_of, generator, seed, size, values
+from verify.limits import Limits
+from verify.strategies.common import Invalid, labels_for, replace
+
+GROUPS = (1, 2, 4, 7, 8)  # q heads per kv head: MHA, the article (4), Qwen2.5-0.5B (7), ...
+HEAD_DIMS = (16, 32, 64, 128, 256)
+SCORES = ("normal", "large", "very_negative", "ties")
+LENS = ("same", "ragged", "past_capacity")
+GARBAGE = 100.0  # magnitude of cache rows past seq_len: a kernel that reads them is far off
+
+
+def _budget(limits: Limits) -> int:
+    """Most score elements ``B * Hq * S * L`` per case: the fp64 oracle holds several such
+    tensors, and the interpreter's time grows with them (6400 there, 17.6M on a GPU)."""
+    return 4 * limits.seq**2
+
+
+@st.composite
+def _attention_params(draw: st.DrawFn, limits: Limits, decode_only: bool) -> dict:
+    budget = _budget(limits)
+    group = draw(st.sampled_from(GROUPS))
+    max_s = min(limits.seq, math.isqrt(budget // group))
+    if decode_only:
+        max_s = min(max_s, DECODE_MAX_ROWS // group)
+    s = draw(size(max_s, AWKWARD))
+    kv_heads = draw(st.integers(1, max(1, min(limits.heads // group, budget // (group * s * s)))))
+    b = draw(size(max(1, min(limits.batch, budget // (group * kv_heads * s * s))), AWKWARD))
+    room = budget // (b * group * kv_heads * s) - s  # cache rows before the new ones the budget allows
+    past_cap = max(0, min(limits.seq, room))
+    past = draw(st.one_of(st.just(0), size(past_cap, AWKWARD, low=0)))
+    return {
+        "b": b,
+        "kv_heads": kv_heads,
+        "group": group,
+        "head_dim": draw(st.sampled_from(HEAD_DIMS)),
+        "s": s,
+        "past": past,  # cache rows before the new tokens (the longest batch row)
+        "slack": draw(st.one_of(st.just(0), st.integers(1, 17))),  # capacity past the longest row
+        "lens": draw(st.sampled_from(LENS)),
+        "scores": draw(st.sampled_from(SCORES)),
+        "q_offset": draw(st.integers(0, 3)),  # q starts this many heads into the fused QKV row
+        "dtype": draw(dtype_name()),
+        "seed": draw(seed()),
+    }
+
+
+def attention_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return _attention_params(limits, decode_only=False)
+
+
+def attention_decode_params(limits: Limits) -> st.SearchStrategy[dict]:
+    """Only shapes the decode path takes: ``S * group <= DECODE_MAX_ROWS``."""
+    return _attention_params(limits, decode_only=True)
+
+
+def capacity(params: dict) -> int:
+    return params["s"] + params["past"] + params["slack"]
+
+
+def _seq_lens(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    b, s, longest, cap = params["b"], params["s"], params["s"] + params["past"], capacity(params)
+    if params["lens"] == "ragged":  # row 0 the longest, the others anywhere in [S, longest]
+        lens = torch.randint(s, longest + 1, (b,), generator=gen, device=device)
+        lens[0] = longest
+    elif params["lens"] == "past_capacity":  # a device value past L: rows beyond L do not exist
+        lens = cap + torch.randint(1, 5, (b,), generator=gen, device=device)
+    else:
+        lens = torch.full((b,), longest, device=device)
+    return lens.to(torch.int32)
+
+
+def _qk(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``q [B, S, Hq, D]`` and ``k [B, L, Hkv, D]`` giving scores of the requested kind."""
+    b, s, hkv, g, d = params["b"], params["s"], params["kv_heads"], params["group"], params["head_dim"]
+    cap = capacity(params)
+    q = torch.randn((b, s, hkv * g, d), generator=gen, device=device)
+    k = torch.randn((b, cap, hkv, d), generator=gen, device=device)
+    kind = params["scores"]
+    if kind == "large":  # scaled scores ~ +-100s: exp overflows fp32 without the max subtracted
+        q, k = 8 * q, 8 * k
+    elif kind == "very_negative":  # q along u, every key along -u: all scores ~ -64 sqrt(D)
+        u = torch.randn((b, 1, hkv, 1, d), generator=gen, device=device)
+        u = u / u.norm(dim=-1, keepdim=True) * math.sqrt(d)
+        q = (q.view(b, s, hkv, g, d) + 8 * u).view(b, s, hkv * g, d)
+        k = k - 8 * u[:, :, :, 0]
+    elif kind == "ties":  # every cache row the same key: equal scores, a uniform softmax
+        k = k[:, :1].expand_as(k).contiguous()
+    return q, k
+
+
+def attention_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    b, s, hkv, g, d = params["b"], params["s"], params["kv_heads"], params["group"], params["head_dim"]
+    hq, cap, off, dtype = hkv * g, capacity(params), params["q_offset"], dtype_of(params)
+    seq_lens = _seq_lens(params, gen, device)
+    q, k = _qk(params, gen, device)
+    v = torch.randn((b, cap, hkv, d), generator=gen, device=device)
+    # Rows past each seq_len hold large random values, as a reused cache would.
+    stale = torch.arange(cap, device=device)[None, :] >= seq_lens[:, None].long()
+    k[stale] = GARBAGE * torch.randn((int(stale.sum()), hkv, d), generator=gen, device=device)
+    v[stale] = GARBAGE * torch.randn((int(stale.sum()), hkv, d), generator=gen, device=device)
+    qkv = values((b, s, off + hq + 2 * hkv, d), dtype, "normal", gen, device)
+    qkv[:, :, off : off + hq] = q.to(dtype)
+    q_view = qkv[:, :, off : off + hq]
+    args = (q_view, k.to(dtype), v.to(dtype), seq_lens, 1.0 / math.sqrt(d))
+    return Case(params, args, labels=_labels(params))
+
+
+def _labels(params: dict) -> tuple[str, ...]:
+    s, past, g = params["s"], params["past"], params["group"]
+    out = labels_for(params, S=s, L=capacity(params), B=params["b"])
+    out += [f"GQA group {g}", f"head_dim {params['head_dim']}", f"scores {params['scores']}"]
+    out.append("decode path" if uses_decode_path(s, g) else "prefill path")
+    if past:
+        out.append("decode (S = 1) after a prefix" if s == 1 else "chunked prefill (seq_len > S)")
+    elif s == 1:
+        out.append("seq_len = 1")
+    if params["lens"] != "same" and params["b"] > 1:
+        out.append(f"seq_lens {params['lens']}")
+    elif params["lens"] == "past_capacity":
+        out.append("seq_len past capacity")
+    if params["slack"] or params["lens"] == "ragged":
+        out.append("stale cache rows past seq_len")
+    out.append("non-contiguous")
+    return tuple(out)
+
+
+def _example(
+    name: str,
+    b: int,
+    kv_heads: int,
+    group: int,
+    head_dim: int,
+    s: int,
+    past: int,
+    slack: int,
+    **extra: object,
+) -> dict:
+    return {
+        "name": name,
+        "b": b,
+        "kv_heads": kv_heads,
+        "group": group,
+        "head_dim": head_dim,
+        "s": s,
+        "past": past,
+        "slack": slack,
+        "lens": "same",
+        "scores": "normal",
+        "q_offset": 0,
+        "dtype": "bfloat16",
+        "seed": 0,
+        **extra,
+    }
+
+
+ATTENTION_EXAMPLES = (
+    _example("typical: batch 2, 4/2 heads, 5 new after 11, ragged", 2, 2, 2, 32, 5, 11, 3,
+             lens="ragged", q_offset=1, gpu=False),
+    _example("prefill S=129 (block tail), head_dim 16", 1, 1, 1, 16, 129, 0, 0, gpu=False),
+    _example("decode, 7-way GQA, head_dim 64, ragged", 2, 2, 7, 64, 1, 90, 6, lens="ragged", gpu=False),
+    _example("chunked prefill, large scores", 1, 1, 4, 32, 20, 10, 2, scores="large", gpu=False),
+    _example("article prefill S=256", 1, 2, 4, 128, 256, 0, 0, q_offset=2),
+    _example("article prefill S=1024", 1, 2, 4, 128, 1024, 0, 0, q_offset=2),
+    _example("article prefill S=2048", 1, 2, 4, 128, 2048, 0, 0, q_offset=2),
+    _example("article decode, cache 4096", 1, 2, 4, 128, 1, 4000, 95, q_offset=2),
+    _example("article decode, cache 32768, batch 1", 1, 2, 4, 128, 1, 32700, 67, q_offset=2),
+    _example("article chunked prefill 256 after 768", 1, 2, 4, 128, 256, 768, 0, q_offset=2),
+    _example("article 4 speculative tokens, batch 4 ragged", 4, 2, 4, 128, 4, 2000, 44, lens="ragged"),
+    _example("qwen3-0.6b prefill 16/8, batch 2 ragged", 2, 8, 2, 128, 300, 200, 12, lens="ragged"),
+    _example("qwen3-0.6b decode 16/8, batch 4 ragged", 4, 8, 2, 128, 1, 2047, 1, lens="ragged"),
+    _example("qwen2.5-0.5b prefill 14/2, head_dim 64", 1, 2, 7, 64, 333, 0, 5),
+    _example("qwen2.5-0.5b decode 14/2, batch 3 ragged", 3, 2, 7, 64, 1, 3000, 17, lens="ragged"),
+    _example("head_dim 256 prefill, large scores", 1, 1, 8, 256, 300, 100, 0, scores="large"),
+    _example("decode, all scores very negative", 2, 2, 4, 128, 1, 1500, 3, scores="very_negative"),
+)  # fmt: skip
+ATTENTION_DECODE_EXAMPLES = tuple(e for e in ATTENTION_EXAMPLES if e["s"] * e["group"] <= DECODE_MAX_ROWS)
+
+
+def _too_many_tokens(args: dict) -> None:
+    """``S = L + 1`` new tokens: more than the cache holds."""
+    q, cap = args["q"], args["k_cache"].shape[1]
+    args["q"] = q.new_zeros((q.shape[0], cap + 1, *q.shape[2:]))
+
+
+def _caches(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict], None]:
+    """An ``Invalid.mutate`` that edits both caches alike."""
+
+    def mutate(args: dict) -> None:
+        args["k_cache"], args["v_cache"] = fn(args["k_cache"]), fn(args["v_cache"])
+
+    return mutate
+
+
+ATTENTION_INVALID = (
+    Invalid("q heads not a multiple of kv heads", "q", replace("q", lambda q: q[:, :, :-1])),
+    Invalid("caches with 3 kv heads for 4 q heads", "q", _caches(lambda c: c[:, :, :1].repeat(1, 1, 3, 1))),
+    Invalid("head_dim of q differs from the caches", "q", replace("q", lambda q: q[..., :-1])),
+    Invalid("more new tokens than the cache holds", "q", _too_many_tokens),
+    Invalid("q of rank 3", "q", replace("q", lambda q: q[:, 0])),
+    Invalid(
+        "transposed q (last-dim stride != 1)",
+        "q",
+        replace("q", lambda q: q.new_empty(q.shape[::-1]).permute(3, 2, 1, 0)),
+    ),
+    Invalid("v_cache of another shape", "v_cache", replace("v_cache", lambda c: c[:, :-1].contiguous())),
+    Invalid("k_cache dtype differs from q", "k_cache", replace("k_cache", lambda c: c.float()), TypeError),
+    Invalid(
+        "non-contiguous k_cache",
+        "k_cache",
+        replace("k_cache", lambda c: c.transpose(1, 2).contiguous().transpose(1, 2)),
+    ),
+    Invalid("seq_lens as int64", "seq_lens", replace("seq_lens", lambda n: n.long()), TypeError),
+    Invalid("seq_lens of the wrong length", "seq_lens", replace("seq_lens", lambda n: n[:-1])),
+    Invalid("scale of zero", "scale", replace("scale", lambda s: 0.0)),
+)

@@ -1,0 +1,305 @@
+"""Cases for ``linear``, ``linear_splitk`` and ``splitk_reduce``: M = 1/2/3 (decode), N and K tails,
+bias on and off, x and weight as the views the model passes (a column slice of a wider buffer, a
+transposed view, a row slice of a fused weight, a transposed ``[K, N]`` storage), split_k 1..8
+with K not divisible, and every projection shape of the three model configs on the GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from verify.cases import AWKWARD, Case, dtype_of, generator, size, strided_view, values
+from verify.limits import Limits
+from verify.strategies.common import Invalid, common, labels_for, padding, replace
+
+X_LAYOUTS = ("contiguous", "column_slice", "transposed")
+W_LAYOUTS = ("contiguous", "row_slice", "column_slice", "transposed")
+MAX_SPLIT = 8
+
+
+# ---- the projections of the model configs -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One GEMM of the decoder: ``[M, k] @ [n, k].T``."""
+
+    name: str
+    n: int
+    k: int
+    bias: bool = False
+
+
+def projections(
+    hidden: int, q_heads: int, kv_heads: int, head_dim: int, intermediate: int, vocab: int, qkv_bias: bool
+) -> tuple[Projection, ...]:
+    """The five projections of one decoder config (fused QKV and fused gate/up, as the model runs them)."""
+    return (
+        Projection("qkv_proj", (q_heads + 2 * kv_heads) * head_dim, hidden, qkv_bias),
+        Projection("o_proj", hidden, q_heads * head_dim),
+        Projection("gate_up_proj", 2 * intermediate, hidden),
+        Projection("down_proj", hidden, intermediate),
+        Projection("lm_head", vocab, hidden),
+    )
+
+
+MODEL_PROJECTIONS: dict[str, tuple[Projection, ...]] = {
+    "article": projections(1024, 8, 2, 128, 4864, 151936, qkv_bias=False),
+    "qwen3-0.6b": projections(1024, 16, 8, 128, 3072, 151936, qkv_bias=False),
+    "qwen2.5-0.5b": projections(896, 14, 2, 64, 4864, 151936, qkv_bias=True),
+}
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+
+
+def _x(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    m, k, dtype, dist = params["m"], params["k"], dtype_of(params), params["dist"]
+    layout = params["x_layout"]
+    if layout == "column_slice":  # columns 3..3+K of a wider buffer: strided rows, unaligned start
+        return values((m, k + 8), dtype, dist, gen, device)[:, 3 : 3 + k]
+    if layout == "transposed":  # stored [K, M]: stride 1 along M
+        return values((k, m), dtype, dist, gen, device).T
+    return values((m, k), dtype, dist, gen, device)
+
+
+def _weight(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    n, k, dtype = params["n"], params["k"], dtype_of(params)
+    layout = params["w_layout"]
+    if layout == "row_slice":  # rows 7..7+N of a fused weight (e.g. the K part of a fused QKV)
+        return values((n + 12, k), dtype, "normal", gen, device)[7 : 7 + n]
+    if layout == "column_slice":  # the first K columns of wider rows
+        return strided_view((n, k), dtype, "normal", gen, device, 9)
+    if layout == "transposed":  # a [K, N] storage viewed as [N, K]: stride 1 along N
+        return values((k, n), dtype, "normal", gen, device).T
+    return values((n, k), dtype, "normal", gen, device)
+
+
+def _labels(params: dict) -> list[str]:
+    out = labels_for(params, M=params["m"], N=params["n"], K=params["k"])
+    out += [f"x {params['x_layout']}", f"weight {params['w_layout']}"]
+    if params["x_layout"] != "contiguous" or params["w_layout"] != "contiguous":
+        out.append("non-contiguous")
+    return out
+
+
+def _fits_dtype(params: dict) -> bool:
+    # |x| up to 1e4 times unit weights over K terms overflows fp16 (65504) for any implementation.
+    return not (params["dtype"] == "float16" and params["dist"] == "large")
+
+
+def _m(limits: Limits) -> st.SearchStrategy[int]:
+    """Decode sizes 1..3 half the time (they take the gemv path), else any M up to the cap."""
+    return st.one_of(st.sampled_from([1, 2, 3]), size(limits.gemm, AWKWARD))
+
+
+def _shape_fields(limits: Limits) -> dict:
+    return {
+        "m": _m(limits),
+        "n": size(limits.gemm, AWKWARD),
+        "k": size(limits.gemm, AWKWARD),
+        "x_layout": st.sampled_from(X_LAYOUTS),
+        "w_layout": st.sampled_from(W_LAYOUTS),
+        **common(),
+    }
+
+
+# ---- linear ------------------------------------------------------------------------------------
+
+
+def linear_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({**_shape_fields(limits), "bias": st.booleans()}).filter(_fits_dtype)
+
+
+def linear_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    x = _x(params, gen, device)
+    weight = _weight(params, gen, device)
+    bias = values((params["n"],), dtype_of(params), "normal", gen, device) if params["bias"] else None
+    labels = [*_labels(params), "bias" if params["bias"] else "no bias"]
+    return Case(params, (x, weight, bias), labels=tuple(labels))
+
+
+def _example(name: str, m: int, n: int, k: int, **extra: object) -> dict:
+    base = {
+        "m": m,
+        "n": n,
+        "k": k,
+        "bias": False,
+        "x_layout": "contiguous",
+        "w_layout": "contiguous",
+        "dtype": "bfloat16",
+        "dist": "normal",
+        "seed": 0,
+    }
+    return {"name": name, **base, **extra}
+
+
+def _splitk_example(name: str, m: int, n: int, k: int, split_k: int, **extra: object) -> dict:
+    example = _example(name, m, n, k, **{"split_k": split_k, "prealloc": False, **extra})
+    del example["bias"]
+    return example
+
+
+def _projection_examples() -> tuple[dict, ...]:
+    """Every distinct projection shape of the three configs, at decode (M=1) and prefill (M=256)."""
+    seen: set[tuple[int, int, bool]] = set()
+    out = []
+    for preset, projs in MODEL_PROJECTIONS.items():
+        for p in projs:
+            if (p.n, p.k, p.bias) in seen:
+                continue
+            seen.add((p.n, p.k, p.bias))
+            for m, phase in ((1, "decode"), (256, "prefill")):
+                name = f"{preset} {p.name} {phase} (M={m}, N={p.n}, K={p.k}{', bias' if p.bias else ''})"
+                out.append(_example(name, m, p.n, p.k, bias=p.bias))
+    return tuple(out)
+
+
+LINEAR_EXAMPLES = (
+    _example(
+        "typical: 3 x 129 @ (65 x 129).T + bias, x and weight slices",
+        3,
+        65,
+        129,
+        bias=True,
+        x_layout="column_slice",
+        w_layout="row_slice",
+        gpu=False,
+    ),
+    *_projection_examples(),
+    _example("split-K decode with a K tail (M=1, N=1024, K=4000)", 1, 1024, 4000),
+    _example("batch decode M=3, N=4864, K=4863, weight row slice", 3, 4864, 4863, w_layout="row_slice"),
+    _example("skinny M=7, lm_head N=151936, transposed x", 7, 151936, 896, x_layout="transposed"),
+    _example(
+        "M=300, N=1000, K=1000, fp16 + bias, weight stored [K, N]",
+        300,
+        1000,
+        1000,
+        dtype="float16",
+        bias=True,
+        w_layout="transposed",
+    ),
+    _example("fp32 M=33, N=1536, K=1024, large values", 33, 1536, 1024, dtype="float32", dist="large"),
+    _example(
+        "decode M=1, qkv N=1152 K=896 + bias, outliers", 1, 1152, 896, bias=True, dist="outliers", gpu=False
+    ),
+)
+
+
+LINEAR_INVALID = (
+    Invalid("weight K differs from x's", "weight", replace("weight", lambda w: w[:, :-1])),
+    Invalid(
+        "weight given as [K, N] instead of [N, K]", "weight", replace("weight", lambda w: w.T.contiguous())
+    ),
+    Invalid("bias of the wrong length", "bias", replace("bias", lambda b: b[:-1])),
+    Invalid("2-d bias", "bias", replace("bias", lambda b: b[None])),
+    Invalid("fp32 weight with bf16 x", "weight", replace("weight", lambda w: w.float()), TypeError),
+    Invalid("bias dtype differs from x", "bias", replace("bias", lambda b: b.float()), TypeError),
+    Invalid("1-d x", "x", replace("x", lambda x: x[0])),
+    Invalid("3-d x", "x", replace("x", lambda x: x[None])),
+)
+
+
+# ---- linear_splitk -----------------------------------------------------------------------------
+
+
+def linear_splitk_params(limits: Limits) -> st.SearchStrategy[dict]:
+    fields = {**_shape_fields(limits), "split_k": st.integers(1, MAX_SPLIT), "prealloc": st.booleans()}
+    return st.fixed_dictionaries(fields).filter(lambda p: p["split_k"] <= p["k"] and _fits_dtype(p))
+
+
+def linear_splitk_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    x = _x(params, gen, device)
+    weight = _weight(params, gen, device)
+    split = params["split_k"]
+    labels = [*_labels(params), f"split_k {split}"]
+    if params["k"] % split:
+        labels.append("K not divisible by split_k")
+    kwargs = {}
+    if params["prealloc"]:  # the CUDA Graph path: the caller's buffer, NaN-filled so unwritten splits show
+        shape = (split, params["m"], params["n"])
+        kwargs["partials"] = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+        labels.append("preallocated partials")
+    return Case(params, (x, weight, split), kwargs, labels=tuple(labels))
+
+
+LINEAR_SPLITK_EXAMPLES = (
+    _splitk_example(
+        "typical: 3 x 129, split 3, transposed weight, preallocated partials",
+        3,
+        65,
+        129,
+        3,
+        w_layout="transposed",
+        prealloc=True,
+        gpu=False,
+    ),
+    _splitk_example("article down_proj decode, split 8 (K=4864)", 1, 1024, 4864, 8, prealloc=True),
+    _splitk_example("qwen2.5 down_proj decode, split 5, K tail (K=4863)", 1, 896, 4863, 5),
+    _splitk_example("batch decode M=2 (gemv), split 3, K=1000", 2, 1536, 1000, 3, x_layout="column_slice"),
+    _splitk_example("prefill M=256, split 3, K tail (K=3071)", 256, 1024, 3071, 3),
+    _splitk_example("skinny M=16, split 8, weight row slice", 16, 1152, 896, 8, w_layout="row_slice"),
+)
+
+
+# The generic bad-input test passes only positional arguments, so a wrong buffer is made by
+# changing split_k under the typical case's preallocated partials (wrong dtypes: tests/test_gemm.py).
+LINEAR_SPLITK_INVALID = (
+    Invalid("split_k of 0", "split_k", replace("split_k", lambda s: 0)),
+    Invalid("split_k larger than K", "split_k", lambda a: a.update(split_k=a["x"].shape[1] + 1)),
+    Invalid("split_k not an int", "split_k", replace("split_k", float)),
+    Invalid("weight K differs from x's", "weight", replace("weight", lambda w: w[:, :-1])),
+    Invalid("fp32 weight with bf16 x", "weight", replace("weight", lambda w: w.float()), TypeError),
+    Invalid("partials buffer made for fewer splits", "partials", replace("split_k", lambda s: s + 1)),
+)
+
+
+# ---- splitk_reduce -----------------------------------------------------------------------------
+
+
+def splitk_reduce_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries(
+        {
+            "s": st.integers(1, MAX_SPLIT),
+            "m": _m(limits),
+            "n": size(limits.width, AWKWARD),
+            "pad": padding(),
+            **common(),
+        }
+    )
+
+
+def splitk_reduce_build(params: dict, device: torch.device) -> Case:
+    """Partials are fp32; ``dtype`` is the output dtype. With ``pad``, rows sit in a wider buffer."""
+    gen = generator(params, device)
+    shape = (params["s"], params["m"], params["n"])
+    partials = strided_view(shape, torch.float32, params["dist"], gen, device, params["pad"])
+    labels = [*labels_for(params, M=params["m"], N=params["n"]), f"{params['s']} splits"]
+    if params["pad"]:
+        labels.append("non-contiguous")
+    return Case(params, (partials, dtype_of(params)), labels=tuple(labels))
+
+
+def _reduce_example(name: str, s: int, m: int, n: int, **extra: object) -> dict:
+    base = {"s": s, "m": m, "n": n, "pad": 0, "dtype": "bfloat16", "dist": "normal", "seed": 0}
+    return {"name": name, **base, **extra}
+
+
+SPLITK_REDUCE_EXAMPLES = (
+    _reduce_example("typical: 3 splits of 3 x 65, strided rows", 3, 3, 65, pad=2, gpu=False),
+    _reduce_example("down_proj decode: 8 splits of 1 x 1024", 8, 1, 1024),
+    _reduce_example("lm_head decode: 4 splits of 1 x 151936, large values", 4, 1, 151936, dist="large"),
+    _reduce_example("prefill: 2 splits of 256 x 1024 to fp16", 2, 256, 1024, dtype="float16"),
+)
+SPLITK_REDUCE_INVALID = (
+    Invalid("bf16 partials", "partials", replace("partials", lambda p: p.bfloat16()), TypeError),
+    Invalid("2-d partials", "partials", replace("partials", lambda p: p[0])),
+    Invalid("integer out_dtype", "out_dtype", replace("out_dtype", lambda d: torch.int32), TypeError),
+    Invalid(
+        "out_dtype given as a string", "out_dtype", replace("out_dtype", lambda d: "bfloat16"), TypeError
+    ),
+)
