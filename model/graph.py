@@ -16,15 +16,20 @@ from model.decoder import MODEL_LAYER, Decoder
 
 
 class DecodeRunner:
-    """Decode steps of ``model`` for a fixed batch size, through static buffers (and a graph on CUDA)."""
+    """Steps of ``model`` for a fixed batch size and token count, through static buffers (and a
+    CUDA Graph on CUDA). ``new_tokens=1`` is decode; a prompt length captures a prefill bucket."""
 
-    def __init__(self, model: Decoder, batch: int, use_graph: bool | None = None) -> None:
+    def __init__(
+        self, model: Decoder, batch: int, use_graph: bool | None = None, new_tokens: int = 1
+    ) -> None:
         if batch > model.max_batch:
             raise ValueError(f"batch: {batch} exceeds the model's cache batch {model.max_batch}")
-        self.model, self.batch = model, batch
+        if not 0 < new_tokens <= model.max_seq:
+            raise ValueError(f"new_tokens: {new_tokens} must be in 1..{model.max_seq} (the cache capacity)")
+        self.model, self.batch, self.new_tokens = model, batch, new_tokens
         device = model.weights.embed.device
         self.use_graph = device.type == "cuda" if use_graph is None else use_graph
-        self.ids = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        self.ids = torch.zeros(batch, new_tokens, dtype=torch.int64, device=device)
         self.start_pos = torch.zeros(batch, dtype=torch.int32, device=device)
         self.logits: torch.Tensor | None = None
         self.next_token: torch.Tensor | None = None
@@ -61,11 +66,11 @@ class DecodeRunner:
             self._step()
 
     def step(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
-        """Feed ``tokens[B]`` at ``position`` (one int, or per row); return the static next-token buffer.
-
-        The logits of the step stay readable in ``self.logits`` until the next step.
+        """Feed ``tokens`` (``[B]`` or ``[B, new_tokens]``) from ``position`` (one int, or per row);
+        return the static next-token buffer. The step's last-token logits stay readable in
+        ``self.logits`` until the next step.
         """
-        self.ids.copy_(tokens.view(self.batch, 1))
+        self.ids.copy_(tokens.view(self.batch, self.new_tokens))
         if isinstance(position, torch.Tensor):
             self.start_pos.copy_(position)
         else:

@@ -9,25 +9,26 @@ naive torch would do it), which the ``max_error_ratio`` rule compares against.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Iterator
 
 import torch
 
-_compute: contextvars.ContextVar[torch.dtype | None] = contextvars.ContextVar("compute", default=None)
-_keep_output: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_output", default=False)
+# Plain module state, not a ContextVar: torch.compile traces a global read as a guarded
+# constant, so the compiled plain-bf16 peer of the benchmark traces the bf16 math.
+_compute: torch.dtype | None = None
+_keep_output = False
 
 
 @contextlib.contextmanager
 def computing_in(dtype: torch.dtype | None, *, keep_output_dtype: bool = False) -> Iterator[None]:
     """Run references with math in ``dtype`` (None: the default fp32)."""
-    token_c = _compute.set(dtype)
-    token_k = _keep_output.set(keep_output_dtype)
+    global _compute, _keep_output
+    saved = _compute, _keep_output
+    _compute, _keep_output = dtype, keep_output_dtype
     try:
         yield
     finally:
-        _compute.reset(token_c)
-        _keep_output.reset(token_k)
+        _compute, _keep_output = saved
 
 
 @contextlib.contextmanager
@@ -38,7 +39,7 @@ def oracle() -> Iterator[None]:
 
 
 def compute_dtype() -> torch.dtype:
-    return _compute.get() or torch.float32
+    return _compute or torch.float32
 
 
 def acc(x: torch.Tensor) -> torch.Tensor:
@@ -48,4 +49,4 @@ def acc(x: torch.Tensor) -> torch.Tensor:
 
 def out(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast a result to the op's output dtype, except in the oracle, which keeps full precision."""
-    return y if _keep_output.get() else y.to(dtype)
+    return y if _keep_output else y.to(dtype)

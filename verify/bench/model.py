@@ -1,0 +1,216 @@
+"""``python -m verify.bench model``: prefill latency and decode speed of the whole decoder.
+
+Random weights of the real size, one prompt, greedy decode, batch 1, in one run:
+(a) the Triton model with CUDA Graphs (decode, and prefill captured for the prompt length),
+(b) the same Triton model launched eagerly, (c) the reference model (fp32 math) eagerly,
+(d) the reference model computing in bf16 (plain torch), eagerly, (e) that plain-torch model
+under ``torch.compile(mode="reduce-overhead")``, the gpt-fast style peer, (f) HF transformers
+``generate``, and (g) the roofline: weight + KV bytes per token over measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from model import reference, triton_model
+from model import weights as model_weights
+from model.config import PRESETS, to_hf_dict
+from model.graph import DecodeRunner
+from references.precision import computing_in
+from verify.bench import timing
+
+
+def _seconds(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median wall time of ``fn`` over ``repeats`` synchronized runs (after one warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def decode_loop(
+    step: Callable[[torch.Tensor, int], torch.Tensor], first: torch.Tensor, start: int, steps: int
+) -> float:
+    """Seconds per token of ``steps`` greedy decode steps, each fed the previous step's token."""
+    token = step(first, start)  # warm-up, capture
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for i in range(steps):
+        token = step(token, start + 1 + i)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - began) / steps
+
+
+def roofline_seconds(config, context: int, bandwidth: float) -> tuple[float, int]:
+    """Bytes one decode step must read (every weight once, the KV cache so far) over bandwidth."""
+    weight_bytes = 2 * (config.num_parameters() - config.vocab_size * config.hidden_size)  # embedding: 1 row
+    weight_bytes += 2 * config.vocab_size * config.hidden_size  # lm_head (tied: the embedding matrix)
+    kv_bytes = 2 * 2 * config.num_layers * context * config.num_kv_heads * config.head_dim
+    total = weight_bytes + kv_bytes
+    return total / bandwidth, total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m verify.bench model", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="article", choices=sorted(PRESETS))
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--skip", default="", help="comma list of rows to skip: eager,reference,compile,hf")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    cfg, device = PRESETS[args.preset], torch.device("cuda")
+    length, new = args.prompt_len, args.new_tokens
+    max_seq = length + new + 1
+    weights = model_weights.random_weights(cfg, device, seed=0)
+    prompt = torch.randint(
+        0, cfg.vocab_size, (1, length), device=device, generator=torch.Generator(device).manual_seed(0)
+    )
+    first = prompt[:, -1]
+    bandwidth = timing.copy_bandwidth()
+    rows: list[dict] = []
+
+    def record(name: str, prefill_s: float | None, decode_s: float | None, note: str = "") -> None:
+        rows.append(
+            {
+                "name": name,
+                "prefill_ms": None if prefill_s is None else prefill_s * 1e3,
+                "decode_ms": None if decode_s is None else decode_s * 1e3,
+                "note": note,
+            }
+        )
+        print(
+            f"  {name}: prefill {rows[-1]['prefill_ms']} ms, decode {rows[-1]['decode_ms']} ms/token",
+            flush=True,
+        )
+
+    tri = triton_model.build(weights, 1, max_seq)
+    prefill_runner = DecodeRunner(tri, 1, new_tokens=length)
+    decode_runner = DecodeRunner(tri, 1)
+    record(
+        "triton + CUDA graph",
+        _seconds(lambda: prefill_runner.step(prompt, 0)),
+        decode_loop(decode_runner.step, first, length, new),
+        "prefill captured for this prompt length",
+    )
+
+    def eager_step(model, token, position):
+        start = torch.full((1,), position, dtype=torch.int32, device=device)
+        return torch.argmax(model.forward(token.view(1, 1), start), dim=-1)
+
+    zero = torch.zeros(1, dtype=torch.int32, device=device)
+    if "eager" not in skip:
+        record(
+            "triton, eager launches",
+            _seconds(lambda: tri.forward(prompt, zero)),
+            decode_loop(lambda t, pos: eager_step(tri, t, pos), first, length, min(new, 32)),
+        )
+    ref = reference.build(weights, 1, max_seq)
+    if "reference" not in skip:
+        record(
+            "reference, fp32 math, eager",
+            _seconds(lambda: ref.forward(prompt, zero), 2),
+            decode_loop(lambda t, pos: eager_step(ref, t, pos), first, length, 8),
+        )
+        with computing_in(torch.bfloat16):
+            record(
+                "plain torch bf16 (reference in bf16), eager",
+                _seconds(lambda: ref.forward(prompt, zero)),
+                decode_loop(lambda t, pos: eager_step(ref, t, pos), first, length, 16),
+            )
+    if "compile" not in skip:
+        compiled = torch.compile(lambda ids, start: ref.forward(ids, start), mode="reduce-overhead")
+
+        def compiled_step(token, position):
+            start = torch.full((1,), position, dtype=torch.int32, device=device)
+            with computing_in(torch.bfloat16):
+                return torch.argmax(compiled(token.view(1, 1).clone(), start), dim=-1)
+
+        began = time.perf_counter()
+        for i in range(3):  # compile and record the graph
+            compiled_step(first, length + i)
+        torch.cuda.synchronize()
+        warm = time.perf_counter() - began
+        record(
+            "plain torch bf16 + torch.compile (reduce-overhead)",
+            None,
+            decode_loop(compiled_step, first, length, new),
+            f"compile + warm-up {warm:.0f} s; decode only",
+        )
+    if "hf" not in skip:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**to_hf_dict(cfg)), dtype=torch.bfloat16)
+        hf.load_state_dict({k: v for k, v in model_weights.hf_tensors(weights).items()}, strict=False)
+        hf = hf.to(device).eval()
+        with torch.no_grad():
+            prefill_s = _seconds(lambda: hf(input_ids=prompt))
+            total = _seconds(
+                lambda: hf.generate(
+                    prompt,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    attention_mask=torch.ones_like(prompt),
+                ),
+                1,
+            )
+        record("HF transformers generate (bf16, eager)", prefill_s, (total - prefill_s) / new)
+        del hf
+
+    avg_context = length + new // 2
+    roof_s, roof_bytes = roofline_seconds(cfg, avg_context, bandwidth)
+    record(
+        "roofline (weights + KV bytes / copy bandwidth)",
+        None,
+        roof_s,
+        f"{roof_bytes / 1e6:.0f} MB per token at context {avg_context}, {bandwidth / 1e12:.2f} TB/s measured",
+    )
+    base = rows[0]["decode_ms"]
+    print(
+        f"\nverify.bench model: preset {args.preset}, prompt {length}, {new} new tokens, batch 1, "
+        f"{torch.cuda.get_device_name()}"
+    )
+    table = []
+    for r in rows:
+        decode = r["decode_ms"]
+        table.append(
+            [
+                r["name"],
+                "-" if r["prefill_ms"] is None else f"{r['prefill_ms']:.2f}",
+                "-" if decode is None else f"{decode:.3f}",
+                "-" if decode is None else f"{1e3 / decode:.0f}",
+                "-" if decode is None else f"{decode / base:.2f}x",
+                r["note"],
+            ]
+        )
+    print(
+        timing.table(
+            ["implementation", "prefill ms", "decode ms/token", "tokens/s", "vs triton+graph", "note"], table
+        )
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "preset": args.preset,
+                    "prompt_len": length,
+                    "new_tokens": new,
+                    "bandwidth": bandwidth,
+                    "rows": rows,
+                },
+                f,
+                indent=2,
+            )
+    return 0
