@@ -118,7 +118,7 @@ class Decoder:
         tools) sees every call with its arguments and decides when it runs.
         """
         fn = self.overrides.get((name, layer), self.impls[name])
-        key = (point, slot, self._shape)
+        key = (point, name, slot, self._shape)
         buffers = self.buffers.get(key) if self.static else None
 
         def run() -> Any:

@@ -279,37 +279,40 @@ def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> Ge
 # product), or splits K when N alone gives too few programs.
 # Prefill guesses: 128x128 tiles where they give >= ~130 tiles, else 64-wide tiles or split-K.
 CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
+    # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
+    # 2026-11-29 (each config checked against torch before it was timed; M=1 timed as graph
+    # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's.
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
-    (1, 1536, 1024): _gemv(4, 1024, 1, 4, 1),
-    (1, 1024, 1024): _gemv(4, 1024, 1, 4, 1),
-    (1, 9728, 1024): _gemv(8, 1024, 1, 4, 1),
-    (1, 1024, 4864): _gemv(4, 512, 1, 4, 3),
-    (1, 151936, 1024): _gemv(8, 1024, 1, 4, 1),
-    (256, 1536, 1024): _tiled(64, 64, 64, 1, 4, 4),
-    (256, 1024, 1024): _tiled(64, 64, 64, 1, 4, 4),
-    (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),
-    (256, 1024, 4864): _tiled(64, 64, 64, 2, 4, 4),
-    (256, 151936, 1024): _tiled(128, 256, 64, 1, 8, 3),
+    (1, 1536, 1024): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.16 us, cuBLAS 5.16 us
+    (256, 1536, 1024): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
+    (1, 1024, 1024): _gemv(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
+    (256, 1024, 1024): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
+    (1, 9728, 1024): _gemv(8, 512, 1, 4, 4),  # gate_up_proj 8.33 us, cuBLAS 8.02 us
+    (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
+    (1, 1024, 4864): _gemv(8, 512, 1, 4, 4),  # down_proj 6.09 us, cuBLAS 8.29 us
+    (256, 1024, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
+    (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
+    (256, 151936, 1024): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
     # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
-    (1, 4096, 1024): _gemv(8, 1024, 1, 4, 1),
-    (1, 1024, 2048): _gemv(4, 1024, 2, 4, 1),
-    (1, 6144, 1024): _gemv(8, 1024, 1, 4, 1),
-    (1, 1024, 3072): _gemv(4, 512, 1, 4, 3),
-    (256, 4096, 1024): _tiled(128, 128, 64, 1, 8, 3),
-    (256, 1024, 2048): _tiled(64, 64, 64, 1, 4, 4),
-    (256, 6144, 1024): _tiled(128, 128, 64, 1, 8, 3),
-    (256, 1024, 3072): _tiled(64, 64, 64, 2, 4, 4),
+    (1, 4096, 1024): _gemv(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
+    (256, 4096, 1024): _tiled(64, 128, 64, 1, 4, 4),  # qkv_proj 7.81 us, cuBLAS 6.37 us
+    (1, 1024, 2048): _gemv(2, 1024, 1, 2, 1),  # o_proj 3.87 us, cuBLAS 12.78 us
+    (256, 1024, 2048): _tiled(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
+    (1, 6144, 1024): _gemv(8, 512, 1, 4, 4),  # gate_up_proj 6.29 us, cuBLAS 6.33 us
+    (256, 6144, 1024): _tiled(128, 128, 64, 1, 4, 4),  # gate_up_proj 9.61 us, cuBLAS 7.88 us
+    (1, 1024, 3072): _gemv(4, 512, 1, 4, 3),  # down_proj 4.68 us, cuBLAS 7.51 us
+    (256, 1024, 3072): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 9.50 us, cuBLAS 7.85 us
     # Qwen2.5-0.5B: hidden 896, heads 14/2 x 64, intermediate 4864, QKV bias
-    (1, 1152, 896): _gemv(4, 1024, 1, 4, 1),
-    (1, 896, 896): _gemv(4, 1024, 1, 4, 1),
-    (1, 9728, 896): _gemv(8, 1024, 1, 4, 1),
-    (1, 896, 4864): _gemv(4, 512, 1, 4, 3),
-    (1, 151936, 896): _gemv(8, 1024, 1, 4, 1),
-    (256, 1152, 896): _tiled(64, 64, 64, 1, 4, 4),
-    (256, 896, 896): _tiled(64, 64, 64, 1, 4, 4),
-    (256, 9728, 896): _tiled(128, 128, 64, 1, 8, 3),
-    (256, 896, 4864): _tiled(64, 64, 64, 2, 4, 4),
-    (256, 151936, 896): _tiled(128, 256, 64, 1, 8, 3),
+    (1, 1152, 896): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.06 us, cuBLAS 4.51 us
+    (256, 1152, 896): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.81 us, cuBLAS 5.05 us
+    (1, 896, 896): _gemv(4, 1024, 1, 4, 2),  # o_proj 2.71 us, cuBLAS 4.68 us
+    (256, 896, 896): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
+    (1, 9728, 896): _gemv(16, 512, 1, 4, 3),  # gate_up_proj 8.29 us, cuBLAS 7.58 us
+    (256, 9728, 896): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us
+    (1, 896, 4864): _gemv(8, 512, 1, 4, 4),  # down_proj 6.04 us, cuBLAS 8.02 us
+    (256, 896, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.47 us, cuBLAS 10.45 us
+    (1, 151936, 896): _gemv(32, 256, 1, 4, 4),  # lm_head 71.47 us, cuBLAS 68.62 us
+    (256, 151936, 896): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 133.55 us, cuBLAS 106.37 us
 }
 
 
