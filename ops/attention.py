@@ -99,14 +99,15 @@ def _attend_block(
         k = tl.load(k_base + offsets, mask=in_cache[:, None], other=0.0)
     else:
         k = tl.load(k_base + offsets)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         s = tl.where(in_cache[None, :] & (keys[None, :] <= pos[:, None]), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # Running max of the scaled scores (qk_scale > 0); the scale folds into one FMA below.
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     # A row that has seen no visible key yet keeps m = -inf; subtract 0 there, not -inf (NaN).
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(s - m_use[:, None])
+    p = tl.math.exp2(s * qk_scale - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:
         v = tl.load(v_base + offsets, mask=in_cache[:, None], other=0.0)
@@ -349,6 +350,20 @@ def decode_scratch(
     )
 
 
+_SCRATCH: dict[tuple, DecodeScratch] = {}
+
+
+def _cached_scratch(q: torch.Tensor, k_cache: torch.Tensor, config: DecodeConfig) -> DecodeScratch:
+    """One scratch per shape, allocated on first use and then reused, never freed: a captured
+    graph may still write to it. Callers that pass ``out`` only (the model's static buffers)
+    thus allocate nothing after a warm-up call. One stream at a time, like the model."""
+    splits, _ = decode_splits(q.shape[0], k_cache.shape[2], k_cache.shape[1], config)
+    key = (q.device, *q.shape, splits)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = decode_scratch(q, k_cache, config)
+    return _SCRATCH[key]
+
+
 def uses_decode_path(new_tokens: int, group: int) -> bool:
     """What ``path="auto"`` picks: decode when the whole kv group's queries fit one program."""
     return new_tokens * group <= DECODE_MAX_ROWS
@@ -463,8 +478,9 @@ def attention(
     ``q`` may be any view with unit stride in the last dim (a head slice of the fused QKV
     output); the caches must be contiguous. ``path`` picks the kernel ("auto": decode when
     ``S * Hq/Hkv <= DECODE_MAX_ROWS``). For CUDA Graph capture pass ``out`` and, on the decode
-    path, ``scratch`` from :func:`decode_scratch`: then nothing is allocated. ``seq_lens`` is a
-    device tensor and is not checked against ``S`` and ``L`` (that would need a host sync).
+    path, ``scratch`` from :func:`decode_scratch`: then nothing is allocated (without
+    ``scratch``, a per-shape one is allocated on the first call and reused after). ``seq_lens``
+    is a device tensor and is not checked against ``S`` and ``L`` (that would need a host sync).
     """
     _check_args(q, k_cache, v_cache, seq_lens, scale)
     if path not in PATHS:
@@ -486,7 +502,7 @@ def attention(
         return o
     config = decode_config(dim, q.dtype)
     if scratch is None:
-        scratch = decode_scratch(q, k_cache, config)
+        scratch = _cached_scratch(q, k_cache, config)
     else:
         _check_scratch(scratch, q, decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)[0])
     launch_decode(q, k_cache, v_cache, seq_lens, scale, o, scratch, config)

@@ -17,7 +17,7 @@ from ops import backend
 
 DEVICE = backend.device()
 CONFIGS = {
-    "qwen3": ModelConfig("qwen3", 120, 64, 72, 2, 4, 2, 16, rope_theta=10000.0, qk_norm=True),
+    "qwen3": ModelConfig("qwen3", 120, 64, 72, 3, 4, 2, 16, rope_theta=10000.0, qk_norm=True),
     "qwen2": ModelConfig("qwen2", 120, 64, 72, 2, 4, 1, 32, rope_theta=10000.0, qkv_bias=True),
 }
 
