@@ -20,7 +20,7 @@ def register() -> None:
     db = DirectoryBasedExampleDatabase(str(DATABASE))
     common = {"deadline": None, "suppress_health_check": _SLOW_OK, "print_blob": True}
     settings.register_profile("ci", max_examples=20, derandomize=True, database=None, **common)
-    settings.register_profile("gpu", max_examples=60, database=db, **common)
+    settings.register_profile("gpu", max_examples=30, database=db, **common)
     settings.register_profile("thorough", max_examples=500, database=db, **common)
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything the GPU must confirm, in one device call (device time is scarce): the test suite
+# on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
+# article preset, then the model benchmark. Logs go to $OUT (default ./out).
+# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm attention
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+stages=${*:-tests e2e bisect bench}
+
+run() {  # run NAME LIMIT_S CMD...: log to $OUT/NAME.log, one summary line per stage
+    local name=$1 limit=$2
+    shift 2
+    local began=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "$name: rc $? in $((SECONDS - began)) s" | tee -a "$OUT/summary.txt"
+}
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+for stage in $stages; do
+    case $stage in
+        tests) run tests 240 python -m pytest -n 16 -q -p no:cacheprovider ;;
+        e2e) run e2e 100 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json" ;;
+        bisect) run bisect 100 python -m verify.bisect --layer --model article --json "$OUT/bisect.json" \
+            --plot "$OUT/bisect.png" ;;
+        bench) run bench 200 python -m verify.bench model --preset article --json "$OUT/model.json" ;;
+        gemm) run gemm 200 python -m verify.bench gemm --preset all --json "$OUT/gemm.json" ;;
+        attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
+        *) echo "unknown stage $stage" >&2; exit 2 ;;
+    esac
+done
