@@ -7,6 +7,9 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Checkpoints built on first use (the embedded default, preset files) land in the repo's
+# ignored cache, shared by all xdist workers of a run and by later runs.
+os.environ.setdefault("TRITONCHECK_CACHE", os.path.join(os.path.dirname(__file__), ".cache", "tritoncheck"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
