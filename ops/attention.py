@@ -14,11 +14,12 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
 * Decode (``S x Hq/Hkv <= DECODE_MAX_ROWS`` query rows per kv head: one token, a few
   speculative ones, a small chunk): a one-token step has too few query blocks to fill the GPU,
   so the cache is split instead ("flash-decoding"). One program per (split, batch, kv head)
-  holds all the queries of the kv group, loads each K/V tile once, and writes a partial
-  (softmax-normalized output, log-sum-exp) to fp32 scratch; a second kernel combines the
-  splits. The split count depends only on the cache capacity ``L`` (and batch, heads, device),
-  never on the device ``seq_lens``, so one captured CUDA Graph replays at every length; splits
-  past ``seq_len`` write a neutral partial (output 0, log-sum-exp ``-inf``).
+  holds all the queries of the kv group, loads each K/V tile once, and writes its partial
+  (running max, running sum, unnormalized accumulator) to fp32 scratch; a second kernel
+  rescales the splits to their common max and sums them. The split count depends only on the
+  cache capacity ``L`` (and batch, heads, device), never on the device ``seq_lens``, so one
+  captured CUDA Graph replays at every length; splits past ``seq_len`` write a neutral partial
+  (max ``-inf``, sum 0, accumulator 0).
 
 ``seq_lens`` is never read on the host (a captured graph replays at every length), so device
 values the wrapper cannot check are made safe in the kernel instead: ``seq_len > L`` reads
@@ -61,10 +62,16 @@ class DecodeConfig:
 
 
 class DecodeScratch(NamedTuple):
-    """Preallocated fp32 partials of the decode path (a CUDA Graph must allocate nothing)."""
+    """Preallocated fp32 partials of the decode path (a CUDA Graph must allocate nothing).
 
-    out: torch.Tensor  # [B, S, Hq, splits, D]: each split's softmax-normalized output
-    lse: torch.Tensor  # [B, S, Hq, splits]: each split's log2-sum-exp of the scaled scores
+    Max and sum are kept apart, not folded into a log-sum-exp: at |max| ~ 500 (log2 units) an
+    fp32 log-sum-exp keeps only ~3e-5 of the sum, where the split weights ``2^(m - max m)``
+    are exact differences of nearby numbers.
+    """
+
+    acc: torch.Tensor  # [B, S, Hq, splits, D]: sum over the split's rows of 2^(score - m) * v
+    max: torch.Tensor  # [B, S, Hq, splits]: m, the split's max scaled score (log2 units)
+    sum: torch.Tensor  # [B, S, Hq, splits]: sum over the split's rows of 2^(score - m)
 
 
 # ---- kernels -----------------------------------------------------------------------------------
@@ -132,7 +139,7 @@ def _prefill_kernel(
     stride_qb,
     stride_qs,
     stride_qh,
-    GROUP: tl.constexpr,
+    GROUP,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -190,8 +197,9 @@ def _decode_split_kernel(
     k_ptr,
     v_ptr,
     seq_lens_ptr,
-    part_o_ptr,
-    part_lse_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
     qk_scale,
     S,
     L,
@@ -202,7 +210,7 @@ def _decode_split_kernel(
     stride_qb,
     stride_qs,
     stride_qh,
-    GROUP: tl.constexpr,
+    GROUP,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -250,47 +258,47 @@ def _decode_split_kernel(
             stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
         )  # fmt: skip
 
-    # An empty split (past seq_len, or before a query's position) leaves l = 0: a neutral partial.
-    l_use = tl.where(l_i == 0.0, 1.0, l_i)
-    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_use))
+    # An empty split (past seq_len, or before a query's position) leaves m = -inf, l = 0 and
+    # acc = 0: a neutral partial, written like any other so no stale scratch is ever read.
     part_rows = ((b * S + i) * HQ + h) * SPLITS + split
-    tl.store(
-        part_o_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :],
-        acc / l_use[:, None],
-        mask=row_ok[:, None],
-    )
-    tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
+    tl.store(part_acc_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
+    tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
 
 
 @triton.jit
 def _decode_combine_kernel(
-    part_o_ptr,
-    part_lse_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
     o_ptr,
     SPLITS,
     HEAD_DIM: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    """One output row: the splits' outputs weighted by ``2^(lse - max lse)``, normalized."""
+    """One output row: each split's (max, sum, acc) rescaled by ``2^(m - max m)``, summed, divided."""
     row = tl.program_id(0).to(tl.int64)  # (b, i, h) in the output's row order
     splits = tl.arange(0, BLOCK_SPLITS)
-    lse = tl.load(part_lse_ptr + row * SPLITS + splits, mask=splits < SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
+    m = tl.max(tl.load(part_max_ptr + row * SPLITS + splits, mask=splits < SPLITS, other=float("-inf")), 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)  # no split saw a row: all weights 0, output 0
-    total = tl.sum(tl.math.exp2(lse - m_use), 0)
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, HEAD_DIM)
+    total = tl.zeros([CHUNK], tl.float32)
     acc = tl.zeros([HEAD_DIM], tl.float32)
     for first in range(0, SPLITS, CHUNK):
         chunk = first + offs_c
         ok = chunk < SPLITS
-        w = tl.math.exp2(tl.load(part_lse_ptr + row * SPLITS + chunk, mask=ok, other=float("-inf")) - m_use)
+        w = tl.math.exp2(tl.load(part_max_ptr + row * SPLITS + chunk, mask=ok, other=float("-inf")) - m_use)
+        total += w * tl.load(part_sum_ptr + row * SPLITS + chunk, mask=ok, other=0.0)
         part = tl.load(
-            part_o_ptr + (row * SPLITS + chunk)[:, None] * HEAD_DIM + offs_d[None, :], ok[:, None], other=0.0
+            part_acc_ptr + (row * SPLITS + chunk)[:, None] * HEAD_DIM + offs_d[None, :],
+            ok[:, None],
+            other=0.0,
         )
         acc += tl.sum(part * w[:, None], 0)
-    o = acc / tl.where(total == 0.0, 1.0, total)
+    denom = tl.sum(total, 0)
+    o = acc / tl.where(denom == 0.0, 1.0, denom)
     tl.store(o_ptr + row * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty))
 
 
@@ -344,9 +352,11 @@ def decode_scratch(
     batch, seq, q_heads, dim = q.shape
     config = config or decode_config(dim, q.dtype)
     splits, _ = decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)
+    rows = (batch, seq, q_heads, splits)
     return DecodeScratch(
-        torch.empty((batch, seq, q_heads, splits, dim), dtype=torch.float32, device=q.device),
-        torch.empty((batch, seq, q_heads, splits), dtype=torch.float32, device=q.device),
+        torch.empty((*rows, dim), dtype=torch.float32, device=q.device),
+        torch.empty(rows, dtype=torch.float32, device=q.device),
+        torch.empty(rows, dtype=torch.float32, device=q.device),
     )
 
 
@@ -402,10 +412,11 @@ def _check_args(
 
 
 def _check_scratch(scratch: DecodeScratch, q: torch.Tensor, splits: int) -> None:
-    batch, seq, q_heads, dim = q.shape
+    rows = (*q.shape[:3], splits)
     for name, t, shape in (
-        ("scratch.out", scratch.out, (batch, seq, q_heads, splits, dim)),
-        ("scratch.lse", scratch.lse, (batch, seq, q_heads, splits)),
+        ("scratch.acc", scratch.acc, (*rows, q.shape[3])),
+        ("scratch.max", scratch.max, rows),
+        ("scratch.sum", scratch.sum, rows),
     ):
         validate.tensor(name, t, dtypes=(torch.float32,))
         validate.shape(name, t, shape, "from decode_scratch(q, k_cache)")
@@ -449,15 +460,15 @@ def launch_decode(
     group = q_heads // kv_heads
     splits, split_size = decode_splits(batch, kv_heads, capacity, config)
     _decode_split_kernel[(splits, batch * kv_heads)](
-        q, k_cache, v_cache, seq_lens, scratch.out, scratch.lse, scale * LOG2E, seq, capacity,
+        q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, scale * LOG2E, seq, capacity,
         q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(seq * group)),
         BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     _decode_combine_kernel[(batch * seq * q_heads,)](
-        scratch.out, scratch.lse, o, splits, HEAD_DIM=dim,
-        BLOCK_SPLITS=triton.next_power_of_2(splits), CHUNK=min(16, triton.next_power_of_2(splits)),
+        scratch.acc, scratch.max, scratch.sum, o, splits, HEAD_DIM=dim,
+        BLOCK_SPLITS=max(16, triton.next_power_of_2(splits)), CHUNK=16,
         num_warps=4 if dim >= 128 else 2,
     )  # fmt: skip
 

@@ -1,0 +1,236 @@
+"""Attention checks the registry-driven tests cannot express: the two kernel paths agree and
+``path="auto"`` picks the right one, the drill-down steps compose to the reference, the decode
+path runs on preallocated buffers only, splits past ``seq_len`` are neutral, device lengths
+outside the contract are safe, and (GPU) one captured decode graph replays at every length."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import registry
+from ops import attention as ops_attention
+from ops import backend
+from references import attention as ref
+from tests import buggy_kernels
+from verify.cases import Case
+from verify.compare import check, clone_args, ulp
+
+DEVICE = backend.device()
+ROOT = Path(__file__).resolve().parent.parent
+TYPICAL = registry.get("attention").typical
+
+
+def _case(**overrides: object) -> Case:
+    return registry.get("attention").build({**TYPICAL, **overrides}, DEVICE)
+
+
+# Shapes on both sides of the auto switch, with a prefix, ragged lengths and stale rows.
+SHAPES = [
+    {},
+    {"s": 1, "past": 40, "slack": 9, "group": 4, "kv_heads": 2, "head_dim": 64},
+    {"s": 3, "past": 20, "b": 3, "group": 7, "kv_heads": 1, "lens": "ragged", "scores": "large"},
+    {"s": 16, "past": 5, "group": 4, "kv_heads": 1, "head_dim": 128, "scores": "very_negative"},
+    {"s": 17, "past": 0, "group": 4, "kv_heads": 1, "head_dim": 16, "scores": "ties"},
+    {"s": 33, "past": 0, "group": 1, "kv_heads": 2, "b": 1, "head_dim": 32, "dtype": "float32"},
+]
+
+
+@pytest.mark.parametrize(
+    "overrides", SHAPES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "typical"
+)
+def test_prefill_and_decode_paths_agree(overrides: dict) -> None:
+    case = _case(**overrides)
+    q, k_cache = case.args[:2]
+    group = q.shape[2] // k_cache.shape[2]
+    outputs = {}
+    for name in ("attention_prefill", "attention_decode"):
+        if name == "attention_decode" and q.shape[1] * group > ops_attention.DECODE_MAX_ROWS:
+            continue
+        result = check(registry.get(name), case)
+        assert result.passed, result.describe()
+        outputs[name] = registry.get(name).impl(*clone_args(case)[0])
+    auto = ops_attention.attention(*clone_args(case)[0])
+    expected = (
+        "attention_decode" if ops_attention.uses_decode_path(q.shape[1], group) else "attention_prefill"
+    )
+    assert torch.equal(auto, outputs[expected]), f"path='auto' did not run the {expected} kernel"
+    if len(outputs) == 2:  # both within one output ulp of the fp64 oracle, so within two of each other
+        a, b = (o.double() for o in outputs.values())
+        assert (a - b).abs().max() <= 2 * ulp(q.dtype, float(a.abs().max()))
+
+
+def test_auto_switch_is_at_decode_max_rows() -> None:
+    assert ops_attention.uses_decode_path(1, 8) and ops_attention.uses_decode_path(16, 4)
+    assert not ops_attention.uses_decode_path(17, 4) and not ops_attention.uses_decode_path(65, 1)
+
+
+def test_drill_down_steps_compose_to_the_reference() -> None:
+    q, k_cache, v_cache, seq_lens, scale = _case().args
+    batch, seq, q_heads, _ = q.shape
+    capacity = k_cache.shape[1]
+    scores = ref.qk_score(q, k_cache, scale)
+    assert scores.shape == (batch, q_heads, seq, capacity) and scores.dtype == torch.float32
+    probs = ref.causal_mask_softmax(scores, seq_lens, seq)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(batch, q_heads, seq, device=DEVICE))
+    for b in range(batch):
+        for i in range(seq):  # query i sees rows 0 .. seq_len - S + i and nothing after
+            pos = int(seq_lens[b]) - seq + i
+            assert (probs[b, :, i, pos + 1 :] == 0).all() and (probs[b, :, i, : pos + 1] > 0).all()
+    combined = ref.pv_matmul(probs, v_cache)
+    assert combined.shape == q.shape and combined.dtype == torch.float32
+    assert torch.equal(combined.to(q.dtype), ref.attention(q, k_cache, v_cache, seq_lens, scale))
+
+
+def test_qk_score_reads_kv_head_h_over_group() -> None:
+    q, k_cache, _, _, scale = _case().args
+    group = q.shape[2] // k_cache.shape[2]
+    scores = ref.qk_score(q, k_cache, scale)
+    for h in range(q.shape[2]):
+        direct = torch.einsum("bid,bjd->bij", q[:, :, h].float(), k_cache[:, :, h // group].float()) * scale
+        torch.testing.assert_close(scores[:, h], direct)
+
+
+class _NoAllocTorch:
+    """Stands in for ``torch`` in the wrapper modules: any allocation raises."""
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("empty", "zeros", "full", "ones", "empty_like", "zeros_like", "full_like"):
+            raise AssertionError(f"torch.{name} called with preallocated buffers")
+        return getattr(torch, name)
+
+
+def test_decode_runs_on_preallocated_buffers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = _case(s=1, past=60, slack=0, lens="ragged", b=2, kv_heads=1)
+    q, k_cache, v_cache, seq_lens, scale = case.args
+    seq_lens.copy_(torch.tensor([61, 3], dtype=torch.int32))  # row 1: most splits lie past seq_len
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=DEVICE)
+    scratch = ops_attention.decode_scratch(q, k_cache)
+    splits = scratch.max.shape[-1]
+    assert splits > 1, "the case must span several splits"
+    for t in scratch:
+        t.fill_(float("nan"))
+    monkeypatch.setattr(ops_attention, "torch", _NoAllocTorch())
+    monkeypatch.setattr(ops_attention.validate, "torch", _NoAllocTorch())
+    got = ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, out=out, scratch=scratch)
+    monkeypatch.undo()
+    ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, out=out)  # caches a scratch
+    monkeypatch.setattr(ops_attention, "torch", _NoAllocTorch())
+    monkeypatch.setattr(ops_attention.validate, "torch", _NoAllocTorch())
+    ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, out=out)  # and reuses it
+    monkeypatch.undo()
+    assert got is out
+    assert not any(t.isnan().any() for t in scratch), "a partial was left unwritten"
+    _, split_size = ops_attention.decode_splits(
+        2, k_cache.shape[2], k_cache.shape[1], ops_attention.decode_config(q.shape[-1], q.dtype)
+    )
+    empty = torch.arange(splits, device=DEVICE) * split_size >= 3  # row 1's splits past its 3 rows
+    assert (scratch.max[1][..., empty] == float("-inf")).all()
+    assert (scratch.sum[1][..., empty] == 0).all() and (scratch.acc[1][..., empty, :] == 0).all()
+    result = check(registry.get("attention"), case, lambda *args: out.clone())
+    assert result.passed, result.describe()
+
+
+def test_decode_split_count_depends_on_shapes_only() -> None:
+    config = ops_attention.decode_config(128, torch.bfloat16)
+    for capacity in (1, 17, 4096, 32768):
+        splits, size = ops_attention.decode_splits(1, 2, capacity, config)
+        assert 1 <= splits <= ops_attention.MAX_SPLITS and splits * size >= capacity
+        assert (splits - 1) * size < capacity, "a split that can never hold a row"
+
+
+def test_one_scratch_serves_every_length() -> None:
+    """What a replayed decode graph does: same buffers, new device lengths each step."""
+    case = _case(s=1, past=50, slack=7, b=1)
+    q, k_cache, v_cache, seq_lens, scale = case.args
+    out = torch.empty(q.shape, dtype=q.dtype, device=DEVICE)
+    scratch = ops_attention.decode_scratch(q, k_cache)
+    for n in (1, 2, 16, 17, 33, 58):
+        seq_lens.fill_(n)
+        ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, out=out, scratch=scratch)
+        result = check(registry.get("attention_decode"), case, lambda *args: out.clone())
+        assert result.passed, f"seq_len {n}: {result.describe()}"
+
+
+@pytest.mark.parametrize("path", ["prefill", "decode"])
+def test_queries_that_see_no_row_get_zeros(path: str) -> None:
+    """seq_len < S breaks the contract but is a device value: no NaN, no stray read."""
+    q, k_cache, v_cache, seq_lens, scale = _case(s=4, past=0, slack=4, b=1).args
+    seq_lens.fill_(2)  # queries 0, 1 sit at positions -2, -1
+    got = ops_attention.attention(q, k_cache, v_cache, seq_lens, scale, path=path)
+    assert (got[:, :2] == 0).all()
+    want = ref.attention(q, k_cache, v_cache, seq_lens, scale)
+    torch.testing.assert_close(got[:, 2:].float(), want[:, 2:].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_bad_path_and_scratch_are_refused() -> None:
+    q, k_cache, v_cache, seq_lens, scale = _case().args
+    with pytest.raises(ValueError, match="path"):
+        ops_attention.attention(q, k_cache, v_cache, seq_lens, scale, path="sideways")
+    scratch = ops_attention.decode_scratch(q, k_cache)
+    bad = scratch._replace(sum=scratch.sum[:1] if scratch.sum.shape[0] > 1 else scratch.sum[..., :-1])
+    with pytest.raises(ValueError, match=r"scratch\.sum"):
+        ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, scratch=bad)
+    wide = _case(s=20, past=0, group=4, kv_heads=1).args  # 80 query rows per kv head
+    with pytest.raises(ValueError, match="q: the decode path"):
+        ops_attention.attention_decode(*wide)
+    with pytest.raises(ValueError, match="q: head_dim 48"):
+        ops_attention.attention(q.new_zeros(*q.shape[:3], 48), k_cache.new_zeros(*k_cache.shape[:3], 48),
+                                v_cache.new_zeros(*v_cache.shape[:3], 48), seq_lens, scale)  # fmt: skip
+
+
+@pytest.mark.parametrize("bug", ["causal_off_by_one", "gqa_modulo", "no_rescale"])
+def test_buggy_attention_is_caught(bug: str) -> None:
+    # prefill from an empty cache (query 0 sees one row), 2 kv heads, 20 queries > one 16-row block
+    case = _case(s=20, past=0, slack=0, lens="same")
+    assert not check(registry.get("attention"), case, getattr(buggy_kernels, f"attention_{bug}")).passed
+
+
+def test_verify_op_shrinks_a_causal_off_by_one_to_two_tokens() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "verify.op", "attention", "--examples", "30",
+         "--impl", "tests/buggy_kernels.py:attention_causal_off_by_one"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    repro = next(line for line in run.stdout.splitlines() if "repro:" in line)
+    case = json.loads(repro.split("--case ", 1)[1].split(" --impl")[0].strip("'"))
+    assert case["s"] == 2 and case["b"] == 1  # the fewest tokens that show it: query 0 sees row 1
+
+
+@pytest.mark.gpu
+def test_captured_decode_graph_replays_at_every_length() -> None:
+    params = {
+        **TYPICAL,
+        "b": 2,
+        "s": 1,
+        "past": 4000,
+        "slack": 95,
+        "group": 4,
+        "kv_heads": 2,
+        "head_dim": 128,
+    }
+    case = registry.get("attention").build(params, DEVICE)
+    q, k_cache, v_cache, seq_lens, scale = case.args
+    out = torch.empty(q.shape, dtype=q.dtype, device=DEVICE)
+    scratch = ops_attention.decode_scratch(q, k_cache)
+
+    def step() -> None:
+        ops_attention.attention(q, k_cache, v_cache, seq_lens, scale, out=out, scratch=scratch)
+
+    step()  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens in ([1, 1], [4096, 17], [2048, 4001], [63, 64]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        result = check(registry.get("attention"), case, lambda *args: out.clone())
+        assert result.passed, f"seq_lens {lens}: {result.describe()}"

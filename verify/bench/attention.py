@@ -1,0 +1,389 @@
+"""``python -m verify.bench attention [--json PATH] [--sweep]``: the attention kernels against
+PyTorch SDPA on the article config (8 q heads, 2 kv heads, head_dim 128, bf16, batch 1).
+
+Prefill (S = 256, 1024, 2048, causal, cache = S): achieved TFLOP/s on the causal FLOPs
+``2 * 2 * B * Hq * S^2 * D / 2`` and % of the measured bf16 matmul peak. Decode (S = 1, cache
+256 .. 32768, every row valid): achieved GB/s on the K and V bytes read and % of the measured
+copy bandwidth. Everything is timed as launches captured back to back in one CUDA Graph (how
+the model runs), decode with each launch on its own copy of the cache, the copies together
+over 3x L2, so decode numbers are HBM numbers. Every timed config is first checked against the
+reference under the op's tolerance.
+
+Targets: prefill S=2048 at >= 70% of SDPA's speed; decode at cache 4096 at >= 70% of the copy
+bandwidth and faster than SDPA. ``--sweep`` times launch configs per shape and prints the best.
+Exit 0: every config verified (targets are reported, not enforced); 1: a correctness failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import registry
+from ops import attention as ops_attention
+from verify.bench import timing
+from verify.cases import Case
+from verify.compare import check
+
+ARTICLE = {"b": 1, "kv_heads": 2, "group": 4, "head_dim": 128}  # 8 q heads, 2 kv heads
+QWEN25 = {"b": 1, "kv_heads": 2, "group": 7, "head_dim": 64}  # Qwen2.5-0.5B: 14 q heads, 2 kv heads
+PREFILL_S = (256, 1024, 2048)
+DECODE_L = (256, 1024, 4096, 16384, 32768)
+PREFILL_REPS = 10  # launches per graph for prefill (compute-bound: the inputs may stay in L2)
+PREFILL_TARGET = 0.70  # of SDPA's speed, at S = 2048
+DECODE_TARGET = 0.70  # of the copy bandwidth, at cache 4096
+
+
+def _case(model: dict, s: int, past: int) -> Case:
+    params = {
+        **model,
+        "s": s,
+        "past": past,
+        "slack": 0,
+        "lens": "same",
+        "scores": "normal",
+        "q_offset": 0,
+        "dtype": "bfloat16",
+        "seed": 0,
+    }
+    return registry.get("attention").build(params, torch.device("cuda"))
+
+
+def _graph_time(calls: list[Callable[[], object]]) -> float:
+    """Seconds per call inside one CUDA Graph; Python-launched median if capture is refused."""
+    try:
+        return timing.graph_time_per_call(calls)
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return timing.bench_median(calls[0])
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool
+) -> tuple[Callable[[], torch.Tensor], str]:
+    """SDPA in HF's ``[B, H, S, D]`` layout (views): flash with native GQA where it runs, else
+    SDPA's own choice on k/v expanded to every q head."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def flash() -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, enable_gqa=True)
+
+    try:
+        flash()
+        return flash, "flash, enable_gqa"
+    except RuntimeError:
+        group = q.shape[2] // k.shape[2]
+        ke, ve = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+        return (
+            lambda: F.scaled_dot_product_attention(qt, ke, ve, is_causal=causal, scale=scale),
+            "default, k/v expanded",
+        )
+
+
+def _verdict(case: Case, impl: Callable | None = None) -> tuple[bool, str]:
+    result = check(registry.get("attention"), case, impl)
+    return result.passed, ("verified" if result.passed else result.describe())
+
+
+# ---- the comparison table ----------------------------------------------------------------------
+
+
+def bench_prefill(s: int, peak: float) -> dict:
+    case = _case(ARTICLE, s, 0)
+    passed, verdict = _verdict(case)
+    q, k, v, seq_lens, scale = case.args
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ours = _graph_time(
+        [functools.partial(ops_attention.attention, q, k, v, seq_lens, scale, out=out)] * PREFILL_REPS
+    )
+    sdpa, sdpa_backend = _sdpa(q, k, v, scale, causal=True)
+    theirs = _graph_time([sdpa] * PREFILL_REPS)
+    b, _, hq, d = q.shape
+    flops = 2 * 2 * b * hq * s * s * d / 2
+    return {
+        "kind": "prefill",
+        "shape": f"S={s}",
+        "passed": passed,
+        "verdict": verdict,
+        "ours_us": ours * 1e6,
+        "sdpa_us": theirs * 1e6,
+        "sdpa_backend": sdpa_backend,
+        "speed_vs_sdpa": theirs / ours,
+        "tflops": flops / ours / 1e12,
+        "pct_peak": 100 * flops / ours / peak,
+        "sdpa_tflops": flops / theirs / 1e12,
+    }
+
+
+def _rotated(t: torch.Tensor, copies: int) -> torch.Tensor:
+    """``copies`` contiguous copies of ``t``, one per launch, so no launch finds its cache in L2."""
+    return t.unsqueeze(0).repeat(copies, *([1] * t.dim()))
+
+
+def bench_decode(capacity: int, bandwidth: float) -> dict:
+    case = _case(ARTICLE, 1, capacity - 1)  # every cache row valid
+    passed, verdict = _verdict(case)
+    q, k, v, seq_lens, scale = case.args
+    kv_bytes = 2 * k.numel() * k.element_size()
+    copies = timing.copies_for(kv_bytes)
+    ks, vs = _rotated(k, copies), _rotated(v, copies)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    scratch = ops_attention.decode_scratch(q, k)
+    ours = _graph_time(
+        [
+            functools.partial(
+                ops_attention.attention, q, ks[i], vs[i], seq_lens, scale, out=out, scratch=scratch
+            )
+            for i in range(copies)
+        ]
+    )
+    sdpa_calls, sdpa_backend = [], ""
+    for i in range(copies):  # SDPA on the valid prefix (here the whole cache)
+        call, sdpa_backend = _sdpa(q, ks[i], vs[i], scale, causal=False)
+        sdpa_calls.append(call)
+    theirs = _graph_time(sdpa_calls)
+    return {
+        "kind": "decode",
+        "shape": f"cache={capacity}",
+        "passed": passed,
+        "verdict": verdict,
+        "ours_us": ours * 1e6,
+        "sdpa_us": theirs * 1e6,
+        "sdpa_backend": sdpa_backend,
+        "speed_vs_sdpa": theirs / ours,
+        "gbps": kv_bytes / ours / 1e9,
+        "pct_bandwidth": 100 * kv_bytes / ours / bandwidth,
+        "sdpa_gbps": kv_bytes / theirs / 1e9,
+        "splits": scratch.max.shape[-1],
+        "copies": copies,
+    }
+
+
+def _targets(rows: list[dict]) -> list[dict]:
+    prefill = next(r for r in rows if r["kind"] == "prefill" and r["shape"] == "S=2048")
+    decode = next(r for r in rows if r["kind"] == "decode" and r["shape"] == "cache=4096")
+    return [
+        {
+            "target": f"prefill S=2048 >= {PREFILL_TARGET:.0%} of SDPA's speed",
+            "value": f"{prefill['speed_vs_sdpa']:.0%}",
+            "met": prefill["speed_vs_sdpa"] >= PREFILL_TARGET,
+        },
+        {
+            "target": f"decode cache 4096 >= {DECODE_TARGET:.0%} of copy bandwidth",
+            "value": f"{decode['pct_bandwidth']:.0f}%",
+            "met": decode["pct_bandwidth"] >= 100 * DECODE_TARGET,
+        },
+        {
+            "target": "decode cache 4096 faster than SDPA",
+            "value": f"{decode['speed_vs_sdpa']:.2f}x",
+            "met": decode["speed_vs_sdpa"] > 1,
+        },
+    ]
+
+
+def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list[dict]) -> None:
+    print(f"measured bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print("\nprefill, article config (8/2 heads, D=128, batch 1, causal, cache = S)")
+    print(
+        timing.table(
+            ["shape", "check", "ours us", "SDPA us", "vs SDPA", "TFLOP/s", "% peak", "SDPA TFLOP/s", "SDPA"],
+            [
+                [r["shape"], "ok" if r["passed"] else "FAIL", f"{r['ours_us']:.1f}", f"{r['sdpa_us']:.1f}",
+                 f"{r['speed_vs_sdpa']:.2f}x", f"{r['tflops']:.0f}", f"{r['pct_peak']:.0f}%",
+                 f"{r['sdpa_tflops']:.0f}", r["sdpa_backend"]]
+                for r in rows if r["kind"] == "prefill"
+            ],
+        )
+    )  # fmt: skip
+    print("\ndecode, article config (S=1, batch 1, every cache row valid, caches rotated past 3x L2)")
+    print(
+        timing.table(
+            ["shape", "check", "splits", "ours us", "SDPA us", "vs SDPA", "GB/s", "% bw", "SDPA GB/s",
+             "SDPA"],
+            [
+                [r["shape"], "ok" if r["passed"] else "FAIL", r["splits"], f"{r['ours_us']:.2f}",
+                 f"{r['sdpa_us']:.2f}", f"{r['speed_vs_sdpa']:.2f}x", f"{r['gbps']:.0f}",
+                 f"{r['pct_bandwidth']:.0f}%", f"{r['sdpa_gbps']:.0f}", r["sdpa_backend"]]
+                for r in rows if r["kind"] == "decode"
+            ],
+        )
+    )  # fmt: skip
+    print("\ntargets")
+    print(timing.table(["target", "value", "met"], [[t["target"], t["value"], t["met"]] for t in targets]))
+    for r in rows:
+        if not r["passed"]:
+            print(f"\n{r['kind']} {r['shape']} DIVERGES:\n{r['verdict']}")
+
+
+# ---- --sweep: launch configs per shape ---------------------------------------------------------
+
+
+def _prefill_impl(config: ops_attention.PrefillConfig) -> Callable:
+    def impl(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        ops_attention.launch_prefill(q, k, v, seq_lens, scale, o, config)
+        return o
+
+    return impl
+
+
+def _decode_impl(config: ops_attention.DecodeConfig) -> Callable:
+    def impl(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        ops_attention.launch_decode(
+            q, k, v, seq_lens, scale, o, ops_attention.decode_scratch(q, k, config), config
+        )
+        return o
+
+    return impl
+
+
+def _try(label: str, fn: Callable[[], float]) -> float | None:
+    try:
+        return fn()
+    except Exception as exc:  # a config the GPU cannot run (shared memory, registers): skip it
+        print(f"    {label}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})")
+        torch.cuda.synchronize()
+        return None
+
+
+def sweep_prefill(model: dict, name: str, s: int) -> dict:
+    case = _case(model, s, 0)
+    q, k, v, seq_lens, scale = case.args
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    default = ops_attention.prefill_config(q.shape[-1], q.dtype)
+    grid = itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
+    results = []
+    for config in [
+        default,
+        *(c for c in itertools.starmap(ops_attention.PrefillConfig, grid) if c != default),
+    ]:
+
+        def run(config: ops_attention.PrefillConfig = config) -> float:
+            passed, verdict = _verdict(case, _prefill_impl(config))
+            if not passed:
+                raise AssertionError(verdict)
+            call = functools.partial(ops_attention.launch_prefill, q, k, v, seq_lens, scale, out, config)
+            return timing.graph_time_per_call([call] * PREFILL_REPS)
+
+        seconds = _try(str(config), run)
+        if seconds is not None:
+            results.append((seconds, config))
+    return _report_sweep(f"prefill {name} S={s}", results, default)
+
+
+def sweep_decode(model: dict, name: str, capacity: int) -> dict:
+    case = _case(model, 1, capacity - 1)
+    q, k, v, seq_lens, scale = case.args
+    copies = timing.copies_for(2 * k.numel() * k.element_size())
+    ks, vs = _rotated(k, copies), _rotated(v, copies)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    default = ops_attention.decode_config(q.shape[-1], q.dtype)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    grid = [
+        ops_attention.DecodeConfig(bn, warps, stages, per_sm * sms)
+        for bn, warps, stages, per_sm in itertools.product((32, 64, 128), (4, 8), (2, 3), (1, 2, 4))
+    ]
+    results = []
+    for config in [default, *(c for c in grid if c != default)]:
+
+        def run(config: ops_attention.DecodeConfig = config) -> float:
+            passed, verdict = _verdict(case, _decode_impl(config))
+            if not passed:
+                raise AssertionError(verdict)
+            scratch = ops_attention.decode_scratch(q, k, config)
+            calls = [
+                functools.partial(
+                    ops_attention.launch_decode, q, ks[i], vs[i], seq_lens, scale, out, scratch, config
+                )
+                for i in range(copies)
+            ]
+            return timing.graph_time_per_call(calls)
+
+        seconds = _try(str(config), run)
+        if seconds is not None:
+            results.append((seconds, config))
+    return _report_sweep(f"decode {name} cache={capacity}", results, default)
+
+
+def _report_sweep(shape: str, results: list[tuple[float, object]], default: object) -> dict:
+    results.sort(key=lambda r: r[0])
+    default_time = next((t for t, c in results if c == default), None)
+    print(f"\n{shape}: {len(results)} configs ran")
+    for seconds, config in results[:5]:
+        print(f"    {seconds * 1e6:9.2f} us  {config}")
+    if default_time is not None:
+        print(f"    default {default_time * 1e6:9.2f} us  {default}")
+    best_time, best = results[0] if results else (None, None)
+    return {
+        "shape": shape,
+        "best": str(best),
+        "best_us": best_time and best_time * 1e6,
+        "default": str(default),
+        "default_us": default_time and default_time * 1e6,
+    }
+
+
+def sweep(which: str) -> list[dict]:
+    """Time every config of the grids (``which``: prefill, decode or all; each takes minutes)."""
+    out = []
+    if which in ("prefill", "all"):
+        for model, name in ((ARTICLE, "article"), (QWEN25, "qwen2.5")):
+            out.append(sweep_prefill(model, name, 2048))
+    if which in ("decode", "all"):
+        for model, name, capacity in (
+            (ARTICLE, "article", 4096),
+            (ARTICLE, "article", 32768),
+            (QWEN25, "qwen2.5", 4096),
+        ):
+            out.append(sweep_decode(model, name, capacity))
+    print("\nbest per shape (put these into ops/attention.py prefill_config / decode_config):")
+    for r in out:
+        best = "none ran" if r["best_us"] is None else f"{r['best']} at {r['best_us']:.2f} us"
+        default = "did not run" if r["default_us"] is None else f"{r['default_us']:.2f} us"
+        print(f"  {r['shape']}: {best}; default {default}")
+    return out
+
+
+# ---- entry point -------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m verify.bench attention", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const="all",
+        choices=("prefill", "decode", "all"),
+        help="time launch configs per shape instead (prefill and decode take a few minutes each)",
+    )
+    args = parser.parse_args(argv)
+    if args.sweep:
+        data: dict = {"sweep": sweep(args.sweep)}
+        code = 0
+    else:
+        peak, bandwidth = timing.bf16_matmul_peak(), timing.copy_bandwidth()
+        rows = [bench_prefill(s, peak) for s in PREFILL_S] + [bench_decode(n, bandwidth) for n in DECODE_L]
+        targets = _targets(rows)
+        _print_tables(rows, peak, bandwidth, targets)
+        data = {"peak_flops": peak, "bandwidth": bandwidth, "rows": rows, "targets": targets}
+        code = 0 if all(r["passed"] for r in rows) else 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+    return code
