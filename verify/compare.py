@@ -115,16 +115,22 @@ def _buffer_bytes(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-def poison_allocator(device: torch.device, nbytes: int) -> None:
-    """Leave NaN bytes in the memory the CUDA caching allocator will hand out next.
+def poison_allocator(device: torch.device, sizes: list[int]) -> None:
+    """Leave NaN bytes in the memory the allocator will hand out next.
 
-    Small blocks (<= 1 MiB) and large ones come from different pools, so both are filled.
-    On CPU freed memory goes back to the system; there the order (impl first) is what counts.
+    CUDA: the caching allocator keeps small (<= 1 MiB) and large blocks in separate pools, so
+    both are filled. CPU: malloc hands a just-freed chunk of the same size back first, so
+    chunks the size of each input (outputs are mostly input-sized) are filled and freed.
     """
-    if device.type != "cuda":
-        return
-    blocks = [torch.full((1 << 20,), POISON_BYTE, dtype=torch.uint8, device=device) for _ in range(8)]
-    blocks.append(torch.full((max(nbytes, 1 << 22),), POISON_BYTE, dtype=torch.uint8, device=device))
+    if device.type == "cuda":
+        blocks = [torch.full((1 << 20,), POISON_BYTE, dtype=torch.uint8, device=device) for _ in range(8)]
+        blocks.append(
+            torch.full((max(2 * sum(sizes), 1 << 22),), POISON_BYTE, dtype=torch.uint8, device=device)
+        )
+    else:
+        blocks = [
+            torch.full((n,), POISON_BYTE, dtype=torch.uint8, device=device) for n in sizes for _ in range(2)
+        ]
     del blocks
 
 
@@ -315,7 +321,7 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         for n, a in zip(names, args, strict=False)
         if isinstance(a, torch.Tensor) and n not in spec.mutates
     }
-    poison_allocator(device, sum(t.numel() for t in untouched.values()) * 2)
+    poison_allocator(device, [a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)])
     try:
         impl_out = _outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
     except Exception as exc:  # the verdict must say what the implementation raised

@@ -152,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model directory)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
-    p.add_argument("--new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate (default 8)")
     p.add_argument("--against", default="reference,hf", help="comma list of: reference, hf (default both)")
     p.add_argument(
         "--inject",
