@@ -160,7 +160,9 @@ def check_recorded_ops(
         spec = registry.get(call.op)
         impl = triton.overrides.get((call.op, layer), triton.impls[call.op])
         file = save_dir / f"step{step}-layer{layer}-{call.point}-{call.op}.pt"
-        case = Case({"inputs": str(file)}, args)
+        floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+        dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")  # picks the tolerance
+        case = Case({"inputs": str(file), "dtype": dtype}, args)
         result = check(spec, case, impl, impl_specs.get((call.op, layer)))
         shapes = describe_inputs(case)
         if not result.passed:
