@@ -106,9 +106,10 @@ class _NoAllocTorch:
 
 
 def test_decode_runs_on_preallocated_buffers_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    case = _case(s=1, past=60, slack=0, lens="ragged", b=2, kv_heads=1)
+    past = 60 if DEVICE.type == "cpu" else 2000  # GPU tiles hold 64+ rows: several splits need a long cache
+    case = _case(s=1, past=past, slack=0, lens="ragged", b=2, kv_heads=1)
     q, k_cache, v_cache, seq_lens, scale = case.args
-    seq_lens.copy_(torch.tensor([61, 3], dtype=torch.int32))  # row 1: most splits lie past seq_len
+    seq_lens.copy_(torch.tensor([past + 1, 3], dtype=torch.int32))  # row 1: most splits lie past seq_len
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=DEVICE)
     scratch = ops_attention.decode_scratch(q, k_cache)
     splits = scratch.max.shape[-1]
@@ -200,7 +201,9 @@ def test_verify_op_shrinks_a_causal_off_by_one_to_two_tokens() -> None:
     assert run.returncode == 1, run.stdout + run.stderr
     repro = next(line for line in run.stdout.splitlines() if "repro:" in line)
     case = json.loads(repro.split("--case ", 1)[1].split(" --impl")[0].strip("'"))
-    assert case["s"] == 2 and case["b"] == 1  # the fewest tokens that show it: query 0 sees row 1
+    # the fewest tokens that show it: S=2 (query 0 sees row 1), or S=1 when the cache has a stale
+    # row past seq_len for the query to see (the H200 run of 2026-11-29 shrank to that one)
+    assert case["s"] <= 2 and case["b"] == 1
 
 
 @pytest.mark.gpu

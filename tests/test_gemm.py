@@ -191,6 +191,13 @@ def test_config_validation() -> None:
 # ---- GPU: CUDA Graph capture, fp32 precision -----------------------------------------------------
 
 
+def _allocations_in_capture(graph: torch.cuda.CUDAGraph, fn) -> int:
+    before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    with torch.cuda.graph(graph):
+        fn()
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0) - before
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("own_partials", [True, False], ids=["partials given", "workspace"])
 @pytest.mark.parametrize(
@@ -209,11 +216,11 @@ def test_cuda_graph_capture_allocates_nothing(m: int, n: int, k: int, own_partia
         gemm.linear(x, w, out=out, partials=partials)  # compile outside capture
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    # torch's capture itself allocates (2 blocks on the H200 run of 2026-11-29, whatever the
+    # kernel): count an empty capture's allocations and require the GEMM's to add none
+    overhead = _allocations_in_capture(torch.cuda.CUDAGraph(), lambda: None)
     graph = torch.cuda.CUDAGraph()
-    before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
-    with torch.cuda.graph(graph):
-        gemm.linear(x, w, out=out, partials=partials)
-    assert torch.cuda.memory_stats().get("allocation.all.allocated", 0) == before
+    assert _allocations_in_capture(graph, lambda: gemm.linear(x, w, out=out, partials=partials)) == overhead
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
