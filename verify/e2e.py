@@ -172,6 +172,13 @@ def _prompt(
 
     tokenizer = None
     if args.prompt is not None:
+        from pathlib import Path
+
+        files = ("tokenizer.json", "tokenizer.model", "vocab.json")
+        if not any((Path(directory) / f).is_file() for f in files):
+            raise UsageError(
+                f"--prompt needs a tokenizer in {directory} (one of {', '.join(files)}); use --prompt-ids"
+            )
         try:
             from transformers import AutoTokenizer
 

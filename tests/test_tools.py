@@ -1,0 +1,112 @@
+"""``verify.bisect`` and ``verify.e2e`` on the embedded default model: clean runs pass, injected
+bugs are found at the layer and op where they were planted, bad usage exits 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+
+
+def bisect(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    report = tmp_path / "bisect.json"
+    run = cli(
+        "verify.bisect",
+        "--layer",
+        "--prompt-len",
+        "8",
+        "--decode-steps",
+        "2",
+        "--json",
+        str(report),
+        "--repro-dir",
+        str(tmp_path),
+        *args,
+    )
+    return run, json.loads(report.read_text()) if report.exists() else {}
+
+
+def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
+    run, report = bisect(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert report["first"] is None and len(report["steps"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("inject", "layer", "op"),
+    [
+        ("add_rms_norm=tests/buggy_ops.py:add_rms_norm_wrong_eps@2", "2", "add_rms_norm"),
+        ("apply_rope=tests/buggy_ops.py:apply_rope_no_offset@2", "2", "apply_rope"),
+        ("kv_cache_store=tests/buggy_ops.py:kv_cache_store_next_row@1", "1", "kv_cache_store"),
+        ("attention=tests/buggy_ops.py:attention_gqa_tiled@3", "3", "attention"),
+    ],
+    ids=["wrong eps", "rope offset ignored", "kv row off by one", "gqa head mapping"],
+)
+def test_bisect_names_the_injected_layer_and_op(tmp_path: Path, inject: str, layer: str, op: str) -> None:
+    run, report = bisect(tmp_path, "--inject", inject)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert report["first"]["layer"] == layer
+    assert report["culprit"]["op"] == op
+    # the repro command runs on its own and reproduces the divergence
+    repro = report["culprit"]["repro"].split()
+    assert repro[:4] == ["python", "-m", "verify.op", op]
+    rerun = cli("verify.op", *repro[3:])
+    assert rerun.returncode == 1, rerun.stdout + rerun.stderr
+
+
+def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
+    report = tmp_path / "e2e.json"
+    run = cli("verify.e2e", "--new-tokens", "4", "--json", str(report))
+    assert run.returncode == 0, run.stdout + run.stderr
+    data = json.loads(report.read_text())
+    assert data["verdicts"] == {"triton": "parity", "hf": "parity"}
+
+
+def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
+    run = cli(
+        "verify.e2e",
+        "--new-tokens",
+        "4",
+        "--against",
+        "reference",
+        "--inject",
+        "attention=tests/buggy_ops.py:attention_gqa_tiled@all",
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES at step" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "message"),
+    [
+        ("verify.bisect", ("--inject", "no_such_op=tests/buggy_ops.py:x@1"), "unknown op 'no_such_op'"),
+        (
+            "verify.bisect",
+            ("--inject", "rms_norm=tests/buggy_ops.py:rms_norm_wrong_eps@9"),
+            "layer 9 is out of range",
+        ),
+        ("verify.bisect", ("--inject", "rms_norm=tests/missing.py:f@1"), "no file"),
+        ("verify.bisect", ("--inject", "rms_norm@1"), "expected OP=IMPL@LAYERS"),
+        ("verify.bisect", ("--model", "/no/such/dir"), "no such directory"),
+        ("verify.e2e", ("--model", "/no/such/dir"), "no such directory"),
+        ("verify.e2e", ("--prompt-ids", "1,2,99999"), "token id 99999 is outside the vocabulary"),
+        ("verify.e2e", ("--prompt-ids", ""), "the prompt is empty"),
+        ("verify.e2e", ("--prompt", "hello"), "needs a tokenizer"),
+        ("verify.e2e", ("--against", "reference,vllm"), "--against"),
+    ],
+)
+def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> None:
+    run = cli(module, *args)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert message in run.stderr
