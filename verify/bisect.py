@@ -257,23 +257,20 @@ def free_run(model, ids: torch.Tensor, start_pos: torch.Tensor) -> tuple[list[to
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verify.bisect", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m verify.bisect", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     p.add_argument(
         "--layer", action="store_true", help="bisect layer by layer (the only mode; kept explicit)"
     )
-    p.add_argument("--model", help="checkpoint directory or preset name (default: the embedded tiny model)")
+    from verify.models import add_model_arguments
+
+    add_model_arguments(p)
     p.add_argument(
         "--prompt-len", type=int, default=12, help="prompt tokens for the prefill pass (default 12)"
     )
     p.add_argument(
         "--decode-steps", type=int, default=3, help="decode steps checked after prefill (default 3)"
-    )
-    p.add_argument(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="OP=IMPL@LAYERS",
-        help="swap one op's implementation in these layers of the Triton model",
     )
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--plot", metavar="PNG", help="per-layer error plot (needs matplotlib)")

@@ -147,20 +147,17 @@ def run(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verify.e2e", description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="checkpoint directory or preset name (default: the embedded tiny model)")
+    p = argparse.ArgumentParser(
+        prog="python -m verify.e2e", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    from verify.models import add_model_arguments
+
+    add_model_arguments(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model directory)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
     p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate (default 8)")
     p.add_argument("--against", default="reference,hf", help="comma list of: reference, hf (default both)")
-    p.add_argument(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="OP=IMPL@LAYERS",
-        help="swap one op's implementation in these layers of the Triton model",
-    )
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     return p
 

@@ -26,6 +26,20 @@ class Injection:
     layers: tuple[int, ...] | None  # None: all layers
 
 
+def add_model_arguments(parser) -> None:
+    """``--model`` and ``--inject``, as every model-level CLI takes them."""
+    parser.add_argument(
+        "--model", help="checkpoint directory or preset name (default: the embedded tiny model)"
+    )
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="OP=IMPL@LAYERS",
+        help="swap one op's implementation in these layers of the Triton model (repeatable)",
+    )
+
+
 def parse_injection(text: str) -> Injection:
     """``OP=IMPL@LAYERS``: LAYERS is a number, a comma list or ``all``."""
     op, sep, rest = text.partition("=")

@@ -16,7 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verify.op", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m verify.op", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     p.add_argument("name", nargs="?", help="the op to check (see --list)")
     p.add_argument("--impl", help="an outside implementation: MODULE:FN or FILE.py:FN")
     p.add_argument("--examples", type=int, default=None, help="Hypothesis cases to draw (default: profile's)")

@@ -362,7 +362,7 @@ def sweep(which: str) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m verify.bench attention", description=__doc__.splitlines()[0]
+        prog="python -m verify.bench attention", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument(

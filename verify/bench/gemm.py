@@ -437,7 +437,9 @@ def run_sweep(presets: list[str], replays: int) -> tuple[list[SweepResult], str]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verify.bench gemm", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m verify.bench gemm", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     p.add_argument("--preset", choices=[*MODEL_PROJECTIONS, "all"], default="all")
     p.add_argument("--sweep", action="store_true", help="time candidate configs, print the best as a table")
     p.add_argument("--replays", type=int, default=20, help="graph replays per timing (median)")

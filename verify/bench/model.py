@@ -87,7 +87,9 @@ def roofline_seconds(config, context: int, bandwidth: float) -> tuple[float, int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verify.bench model", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m verify.bench model", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     p.add_argument("--preset", default="article", choices=sorted(PRESETS))
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
