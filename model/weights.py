@@ -125,6 +125,29 @@ def _tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, to
                     ) from None
 
 
+def _allocate(config: ModelConfig, dtype: torch.dtype, matrix, norm, source: str) -> Weights:
+    """Every tensor of the model, made by ``matrix(*shape)`` (projections, biases, embedding) and
+    ``norm(n)`` (norm weights), with q/k/v and gate/up fused."""
+    c = config
+    layers = [
+        LayerWeights(
+            input_norm=norm(c.hidden_size),
+            qkv=matrix(c.qkv_size, c.hidden_size),
+            qkv_bias=matrix(c.qkv_size) if c.qkv_bias else None,
+            q_norm=norm(c.head_dim) if c.qk_norm else None,
+            k_norm=norm(c.head_dim) if c.qk_norm else None,
+            o_proj=matrix(c.hidden_size, c.q_size),
+            post_norm=norm(c.hidden_size),
+            gate_up=matrix(2 * c.intermediate_size, c.hidden_size),
+            down=matrix(c.hidden_size, c.intermediate_size),
+        )
+        for _ in range(c.num_layers)
+    ]
+    embed = matrix(c.vocab_size, c.hidden_size)
+    lm_head = embed if c.tie_word_embeddings else matrix(c.vocab_size, c.hidden_size)
+    return Weights(c, embed, layers, norm(c.hidden_size), lm_head, dtype, source)
+
+
 def load(
     directory: str | Path,
     config: ModelConfig,
@@ -154,22 +177,8 @@ def load(
     def empty(*shape: int) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=dev)
 
-    layers = [
-        LayerWeights(
-            input_norm=empty(c.hidden_size),
-            qkv=empty(c.qkv_size, c.hidden_size),
-            qkv_bias=empty(c.qkv_size) if c.qkv_bias else None,
-            q_norm=empty(c.head_dim) if c.qk_norm else None,
-            k_norm=empty(c.head_dim) if c.qk_norm else None,
-            o_proj=empty(c.hidden_size, c.q_size),
-            post_norm=empty(c.hidden_size),
-            gate_up=empty(2 * c.intermediate_size, c.hidden_size),
-            down=empty(c.hidden_size, c.intermediate_size),
-        )
-        for _ in range(c.num_layers)
-    ]
-    embed, final_norm = empty(c.vocab_size, c.hidden_size), empty(c.hidden_size)
-    lm_head = embed if c.tie_word_embeddings else empty(c.vocab_size, c.hidden_size)
+    weights = _allocate(c, dtype, empty, empty, str(directory))
+    layers, embed, final_norm, lm_head = weights.layers, weights.embed, weights.final_norm, weights.lm_head
     q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
     slices = {
         "input_layernorm.weight": ("input_norm", slice(None)),
@@ -208,7 +217,7 @@ def load(
             field_name, rows = slices[rest]
             target = getattr(layers[int(index)], field_name)[rows]
         target.copy_(tensor)
-    return Weights(c, embed, layers, final_norm, lm_head, dtype, str(directory))
+    return weights
 
 
 def random_weights(
@@ -225,23 +234,7 @@ def random_weights(
     def norm_weight(n: int) -> torch.Tensor:
         return (1 + 0.1 * torch.randn(n, generator=gen, device=dev)).to(dtype)
 
-    layers = [
-        LayerWeights(
-            input_norm=norm_weight(c.hidden_size),
-            qkv=normal(c.qkv_size, c.hidden_size),
-            qkv_bias=normal(c.qkv_size) if c.qkv_bias else None,
-            q_norm=norm_weight(c.head_dim) if c.qk_norm else None,
-            k_norm=norm_weight(c.head_dim) if c.qk_norm else None,
-            o_proj=normal(c.hidden_size, c.q_size),
-            post_norm=norm_weight(c.hidden_size),
-            gate_up=normal(2 * c.intermediate_size, c.hidden_size),
-            down=normal(c.hidden_size, c.intermediate_size),
-        )
-        for _ in range(c.num_layers)
-    ]
-    embed = normal(c.vocab_size, c.hidden_size)
-    lm_head = embed if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
-    return Weights(c, embed, layers, norm_weight(c.hidden_size), lm_head, dtype, f"random(seed={seed})")
+    return _allocate(c, dtype, normal, norm_weight, f"random(seed={seed})")
 
 
 def hf_tensors(weights: Weights) -> dict[str, torch.Tensor]:
