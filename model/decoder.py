@@ -23,6 +23,7 @@ and after the last layer ``logits = linear(add_rms_norm(x, residual, final_norm)
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -61,6 +62,7 @@ class OpCall:
 Interceptor = Callable[[OpCall, Callable[[], Any]], Any]
 
 
+@functools.cache  # asked on every op call: keep inspect off the per-token path
 def _accepts_out(fn: Callable) -> bool:
     try:
         return "out" in inspect.signature(fn).parameters

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import registry
 from ops import backend
 from verify import limits
-from verify.compare import _outputs, arg_names, check, clone_args
+from verify.compare import arg_names, check, clone_args, named_outputs
 
 DEVICE = backend.device()
 OPS = registry.names()
@@ -50,7 +50,7 @@ def test_named_example(name: str, example: dict) -> None:
 
 def _run(spec: registry.OpSpec, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     names = arg_names(spec.reference)
-    outs = _outputs(spec.impl(*args, **kwargs))
+    outs = named_outputs(spec.impl(*args, **kwargs))
     return [t for _, t in outs] + [args[names.index(n)] for n in spec.mutates]
 
 
@@ -78,7 +78,7 @@ def _canary(spec: registry.OpSpec, kind: str):
         if kind == "unchanged":  # does nothing: returns its first input, writes no buffer
             return None if spec.mutates else args[0].clone()
         result = spec.reference(*args, **kwargs)
-        targets = [t for _, t in _outputs(result)] + [args[names.index(n)] for n in spec.mutates]
+        targets = [t for _, t in named_outputs(result)] + [args[names.index(n)] for n in spec.mutates]
         for t in targets:
             if kind == "zeros":
                 t.zero_()

@@ -88,11 +88,11 @@ class Recorder:
         self.calls: list[tuple] = []  # (OpCall, args snapshot, result snapshot)
 
     def __call__(self, call, run):
-        from verify.compare import _clone
+        from verify.compare import clone_value
 
-        args = _clone(call.args)
+        args = clone_value(call.args)
         result = run()
-        self.calls.append((call, args, _clone(result)))
+        self.calls.append((call, args, clone_value(result)))
         return result
 
     def find(self, layer: int, point: str):
@@ -117,13 +117,13 @@ class StepTrace:
 
 
 def trace_reference(model, ids: torch.Tensor, start_pos: torch.Tensor) -> StepTrace:
-    from verify.compare import _clone
+    from verify.compare import clone_value
 
     recorder = Recorder()
     outputs: list[tuple] = []
     model.interceptor = recorder
     try:
-        logits = model.forward(ids, start_pos, layer_hook=lambda n, x, r: outputs.append(_clone((x, r))))
+        logits = model.forward(ids, start_pos, layer_hook=lambda n, x, r: outputs.append(clone_value((x, r))))
     finally:
         model.interceptor = None
     embedded = recorder.find(-1, "embedding")[1]

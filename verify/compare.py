@@ -99,16 +99,17 @@ def clone_preserving_layout(t: torch.Tensor, device: torch.device | str | None =
     )
 
 
-def _clone(value: Any) -> Any:
+def clone_value(value: Any) -> Any:
+    """Tensors (nested in tuples/lists too) copied with their layout; anything else as is."""
     if isinstance(value, torch.Tensor):
         return clone_preserving_layout(value)
     if isinstance(value, (tuple, list)):
-        return type(value)(_clone(v) for v in value)
+        return type(value)(clone_value(v) for v in value)
     return value
 
 
 def clone_args(case: Case) -> tuple[tuple, dict[str, Any]]:
-    return _clone(case.args), {k: _clone(v) for k, v in case.kwargs.items()}
+    return clone_value(case.args), {k: clone_value(v) for k, v in case.kwargs.items()}
 
 
 def _buffer_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -134,7 +135,8 @@ def poison_allocator(device: torch.device, sizes: list[int]) -> None:
     del blocks
 
 
-def _outputs(result: Any) -> list[tuple[str, Any]]:
+def named_outputs(result: Any) -> list[tuple[str, Any]]:
+    """An op's return value as ``(name, value)`` pairs: none, ``out``, or ``out[i]``."""
     if result is None:
         return []
     if isinstance(result, (tuple, list)):
@@ -297,7 +299,7 @@ def _run_reference(spec: Any, case: Case, mode: str) -> list[tuple[str, Any]]:
             result = spec.reference(*args, **kwargs)
     else:
         result = spec.reference(*args, **kwargs)
-    return _outputs(result) + _mutated(names, spec.mutates, args)
+    return named_outputs(result) + _mutated(names, spec.mutates, args)
 
 
 def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
@@ -323,7 +325,7 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     }
     poison_allocator(device, [a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)])
     try:
-        impl_out = _outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
+        impl_out = named_outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
     except Exception as exc:  # the verdict must say what the implementation raised
         result.passed = False
         result.error = f"implementation raised {type(exc).__name__}: {exc}\n" + "".join(
