@@ -15,21 +15,36 @@ from hypothesis import strategies as st
 import references.attention
 import references.elementwise
 import references.embedding
+import references.fused_linear
 import references.gemm
 import references.kv_cache
 import references.norm
 import references.rope
+import references.rope_kv_store
 import references.sampling
-from ops import attention, elementwise, embedding, gemm, kv_cache, norm, rope, sampling
+from ops import (
+    attention,
+    elementwise,
+    embedding,
+    fused_linear,
+    gemm,
+    kv_cache,
+    norm,
+    rope,
+    rope_kv_store,
+    sampling,
+)
 from verify.cases import Case
 from verify.limits import Limits
 from verify.strategies import attention as s_attention
 from verify.strategies import elementwise as s_elementwise
 from verify.strategies import embedding as s_embedding
+from verify.strategies import fused_linear as s_fused_linear
 from verify.strategies import gemm as s_gemm
 from verify.strategies import kv_cache as s_kv_cache
 from verify.strategies import norm as s_norm
 from verify.strategies import rope as s_rope
+from verify.strategies import rope_kv_store as s_rope_kv_store
 from verify.strategies import sampling as s_sampling
 from verify.strategies.common import Invalid
 
@@ -136,6 +151,12 @@ register(OpSpec(
     s_kv_cache.KV_CACHE_STORE_EXAMPLES, s_kv_cache.KV_CACHE_STORE_INVALID,
     mutates=("k_cache", "v_cache"),
 ))
+register(OpSpec(  # qk-norm (optional) + RoPE on q and k + kv_cache_store, in one launch
+    "rope_kv_store", rope_kv_store.rope_kv_store, references.rope_kv_store.rope_kv_store,
+    s_rope_kv_store.rope_kv_store_params, s_rope_kv_store.rope_kv_store_build, (4, 5, 18, "qk-norm"),
+    s_rope_kv_store.ROPE_KV_STORE_EXAMPLES, s_rope_kv_store.ROPE_KV_STORE_INVALID,
+    mutates=("k_cache", "v_cache"), tolerance="rope_kv_store",
+))
 register(OpSpec(
     "argmax", sampling.argmax, references.sampling.argmax,
     s_sampling.argmax_params, s_sampling.argmax_build, ("sampling",),
@@ -170,5 +191,15 @@ register(OpSpec(
     "splitk_reduce", gemm.splitk_reduce, references.gemm.splitk_reduce,
     s_gemm.splitk_reduce_params, s_gemm.splitk_reduce_build, (21,),
     s_gemm.SPLITK_REDUCE_EXAMPLES, s_gemm.SPLITK_REDUCE_INVALID,
+))
+register(OpSpec(  # decode's QKV and gate/up GEMMs with the norm before them in their prologue
+    "add_rms_norm_linear", fused_linear.add_rms_norm_linear, references.fused_linear.add_rms_norm_linear,
+    s_fused_linear.add_rms_norm_linear_params, s_fused_linear.add_rms_norm_linear_build, (11, 12, 13),
+    s_fused_linear.ADD_RMS_NORM_LINEAR_EXAMPLES, s_fused_linear.ADD_RMS_NORM_LINEAR_INVALID,
+))
+register(OpSpec(  # decode's down projection with the SwiGLU gate in its prologue
+    "silu_mul_linear", fused_linear.silu_mul_linear, references.fused_linear.silu_mul_linear,
+    s_fused_linear.silu_mul_linear_params, s_fused_linear.silu_mul_linear_build, (15, 16),
+    s_fused_linear.SILU_MUL_LINEAR_EXAMPLES, s_fused_linear.SILU_MUL_LINEAR_INVALID,
 ))
 # fmt: on

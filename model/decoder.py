@@ -19,6 +19,13 @@ Per layer, as in HF's Llama/Qwen2/Qwen3 decoder layers::
     x           = linear(silu_mul(split(linear(h, W_gate_up))), W_down)
 
 and after the last layer ``logits = linear(add_rms_norm(x, residual, final_norm), lm_head)``.
+
+With ``fused=True`` (the default; decode's kernel count decides its speed) consecutive ops
+run as one fused op each, registered and verified like any other (see ``FUSIONS``):
+``add_rms_norm_linear`` for norm + QKV and norm + gate/up (from layer 1 on: layer 0 has no
+residual to add), ``rope_kv_store`` for qk-norm + RoPE + cache write, ``silu_mul_linear``
+for SwiGLU + down. ``fused=False`` calls the parts, one op per step of the listing above,
+which is what an ``--inject`` of one part needs.
 """
 
 from __future__ import annotations
@@ -45,7 +52,16 @@ OPS = (
     "attention",
     "silu_mul",
     "argmax",
+    "add_rms_norm_linear",
+    "rope_kv_store",
+    "silu_mul_linear",
 )
+# fused op -> the ops it stands for (its reference is their composition)
+FUSIONS = {
+    "add_rms_norm_linear": ("add_rms_norm", "linear"),
+    "rope_kv_store": ("rms_norm", "apply_rope", "kv_cache_store"),
+    "silu_mul_linear": ("silu_mul", "linear"),
+}
 MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, lm_head
 
 
@@ -86,9 +102,10 @@ class Decoder:
         max_seq: int,
         static: bool = False,
         name: str = "decoder",
+        fused: bool = True,
     ) -> None:
         c = weights.config
-        self.config, self.weights, self.name = c, weights, name
+        self.config, self.weights, self.name, self.fused = c, weights, name, fused
         self.impls = dict(impls)
         self.overrides: dict[tuple[str, int], Callable] = {}
         self.interceptor: Interceptor | None = None
@@ -108,6 +125,12 @@ class Decoder:
         """Use ``impl`` for ``op`` in these layers (``verify.bisect --inject``)."""
         if op not in self.impls:
             raise KeyError(f"unknown op {op!r}; the decoder calls {', '.join(OPS)}")
+        if op in FUSIONS and not self.fused:
+            raise ValueError(f"{op} is a fused op: this decoder runs unfused (fused=False), never calling it")
+        if self.fused and any(op in parts for parts in FUSIONS.values()):
+            raise ValueError(
+                f"{op} runs inside a fused op in this decoder (fused=True): build it with fused=False"
+            )
         for layer in layers:
             self.overrides[(op, layer)] = impl
 
@@ -173,37 +196,66 @@ class Decoder:
         c, w = self.config, self.weights.layers[n]
         batch, seq, hidden = x.shape
         eps = c.rms_norm_eps
+        rows = batch * seq
         if residual is None:
             h, residual = self.op(n, "attn_norm", "rms_norm", x, w.input_norm, eps), x
+            qkv = self.op(n, "qkv_proj", "linear", h.view(rows, hidden), w.qkv, w.qkv_bias)
+        elif self.fused:
+            qkv, total = self.op(
+                n, "qkv_proj", "add_rms_norm_linear", x.view(rows, hidden), residual.view(rows, hidden),
+                w.input_norm, eps, w.qkv, w.qkv_bias, slot=n % 2,
+            )  # fmt: skip
+            residual = total.view(batch, seq, hidden)
         else:
             h, residual = self.op(n, "attn_norm", "add_rms_norm", x, residual, w.input_norm, eps, slot=n % 2)
-        qkv = self.op(n, "qkv_proj", "linear", h.view(batch * seq, hidden), w.qkv, w.qkv_bias)
+            qkv = self.op(n, "qkv_proj", "linear", h.view(rows, hidden), w.qkv, w.qkv_bias)
         heads = qkv.view(batch, seq, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         q = heads[:, :, : c.num_heads]
         k = heads[:, :, c.num_heads : c.num_heads + c.num_kv_heads]
         v = heads[:, :, c.num_heads + c.num_kv_heads :]
-        if c.qk_norm:
-            q = self.op(n, "q_norm", "rms_norm", q, w.q_norm, eps)
-            k = self.op(n, "k_norm", "rms_norm", k, w.k_norm, eps)
-        q = self.op(n, "q_rope", "apply_rope", q, cos, sin)
-        k = self.op(n, "k_rope", "apply_rope", k, cos, sin)
-        self.op(n, "kv_store", "kv_cache_store", self.k_cache[n], self.v_cache[n], k, v, start_pos)
-        a = self.op(n, "attention", "attention", q, self.k_cache[n], self.v_cache[n], seq_lens, self.scale)
-        o = self.op(n, "o_proj", "linear", a.reshape(batch * seq, c.q_size), w.o_proj, None)
-        h, residual = self.op(
-            n,
-            "mlp_norm",
-            "add_rms_norm",
-            o.view(batch, seq, hidden),
-            residual,
-            w.post_norm,
-            eps,
-            slot=2 + n % 2,
-        )
-        gate_up = self.op(n, "gate_up_proj", "linear", h.view(batch * seq, hidden), w.gate_up, None)
+        k_cache, v_cache = self.k_cache[n], self.v_cache[n]
+        if self.fused:
+            norms = (w.q_norm, w.k_norm) if c.qk_norm else (None, None)
+            q = self.op(
+                n,
+                "rope_kv_store",
+                "rope_kv_store",
+                q,
+                k,
+                v,
+                cos,
+                sin,
+                k_cache,
+                v_cache,
+                start_pos,
+                *norms,
+                eps,
+            )
+        else:
+            if c.qk_norm:
+                q = self.op(n, "q_norm", "rms_norm", q, w.q_norm, eps)
+                k = self.op(n, "k_norm", "rms_norm", k, w.k_norm, eps)
+            q = self.op(n, "q_rope", "apply_rope", q, cos, sin)
+            k = self.op(n, "k_rope", "apply_rope", k, cos, sin)
+            self.op(n, "kv_store", "kv_cache_store", k_cache, v_cache, k, v, start_pos)
+        a = self.op(n, "attention", "attention", q, k_cache, v_cache, seq_lens, self.scale)
+        o = self.op(n, "o_proj", "linear", a.reshape(rows, c.q_size), w.o_proj, None)
         inter = c.intermediate_size
-        act = self.op(n, "silu_mul", "silu_mul", gate_up[:, :inter], gate_up[:, inter:])
-        down = self.op(n, "down_proj", "linear", act, w.down, None)
+        if self.fused:
+            gate_up, total = self.op(
+                n, "gate_up_proj", "add_rms_norm_linear", o, residual.view(rows, hidden), w.post_norm, eps,
+                w.gate_up, None, slot=2 + n % 2,
+            )  # fmt: skip
+            residual = total.view(batch, seq, hidden)
+            down = self.op(n, "down_proj", "silu_mul_linear", gate_up[:, :inter], gate_up[:, inter:], w.down)
+        else:
+            h, residual = self.op(
+                n, "mlp_norm", "add_rms_norm", o.view(batch, seq, hidden), residual, w.post_norm, eps,
+                slot=2 + n % 2,
+            )  # fmt: skip
+            gate_up = self.op(n, "gate_up_proj", "linear", h.view(rows, hidden), w.gate_up, None)
+            act = self.op(n, "silu_mul", "silu_mul", gate_up[:, :inter], gate_up[:, inter:])
+            down = self.op(n, "down_proj", "linear", act, w.down, None)
         return down.view(batch, seq, hidden), residual
 
     def forward(

@@ -12,6 +12,6 @@ from model.decoder import OPS, Decoder
 from model.weights import Weights
 
 
-def build(weights: Weights, max_batch: int, max_seq: int) -> Decoder:
+def build(weights: Weights, max_batch: int, max_seq: int, fused: bool = True) -> Decoder:
     impls = {name: registry.get(name).reference for name in OPS}
-    return Decoder(weights, impls, max_batch, max_seq, static=False, name="reference")
+    return Decoder(weights, impls, max_batch, max_seq, static=False, name="reference", fused=fused)

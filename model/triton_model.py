@@ -11,6 +11,6 @@ from model.decoder import OPS, Decoder
 from model.weights import Weights
 
 
-def build(weights: Weights, max_batch: int, max_seq: int) -> Decoder:
+def build(weights: Weights, max_batch: int, max_seq: int, fused: bool = True) -> Decoder:
     impls = {name: registry.get(name).impl for name in OPS}
-    return Decoder(weights, impls, max_batch, max_seq, static=False, name="triton")
+    return Decoder(weights, impls, max_batch, max_seq, static=False, name="triton", fused=fused)

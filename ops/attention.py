@@ -101,11 +101,15 @@ def _attend_block(
     """
     offs_d = tl.arange(0, HEAD_DIM)
     offsets = keys[:, None] * stride_n + offs_d[None, :]
+    # V is loaded with K, before the scores need K: a decode split is often one block, so
+    # nothing else would overlap the two trips to memory.
     if MASKED:
         in_cache = keys < kv_len
         k = tl.load(k_base + offsets, mask=in_cache[:, None], other=0.0)
+        v = tl.load(v_base + offsets, mask=in_cache[:, None], other=0.0)
     else:
         k = tl.load(k_base + offsets)
+        v = tl.load(v_base + offsets)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         s = tl.where(in_cache[None, :] & (keys[None, :] <= pos[:, None]), s, float("-inf"))
@@ -116,10 +120,6 @@ def _attend_block(
     alpha = tl.math.exp2(m_i - m_use)
     p = tl.math.exp2(s * qk_scale - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
-        v = tl.load(v_base + offsets, mask=in_cache[:, None], other=0.0)
-    else:
-        v = tl.load(v_base + offsets)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 

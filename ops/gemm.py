@@ -39,6 +39,7 @@ GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
 MAX_SPLIT_K = 64  # the reduce unrolls over the splits
 SMS = 132  # H200 streaming multiprocessors: sizes the default split-K
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use: bounds the pipeline depth
+MAX_NORM_BLOCK = 4096  # the norm prologue reads a row of up to this many in one step, longer in steps
 
 
 # ---- kernels -----------------------------------------------------------------------------------
@@ -115,29 +116,98 @@ def _tiled_kernel(
 
 
 @triton.jit
+def _inv_rms(x_row, a_row, K, eps, stride_xk, stride_ak, BLOCK_M: tl.constexpr, NORM_BLOCK: tl.constexpr):
+    """``1 / rms(x + a)`` per row over all of K, the sum rounded to x's dtype first (as
+    ``add_rms_norm``). NORM_BLOCK covers K (hidden sizes) so this is one round trip to L2."""
+    offs = tl.arange(0, NORM_BLOCK)
+    squares = tl.zeros((BLOCK_M, NORM_BLOCK), dtype=tl.float32)
+    for k in range(0, K, NORM_BLOCK):
+        mask = offs[None, :] < K - k
+        x = tl.load(x_row + (k + offs[None, :]) * stride_xk, mask=mask, other=0.0)
+        a = tl.load(a_row + (k + offs[None, :]) * stride_ak, mask=mask, other=0.0)
+        total = (x.to(tl.float32) + a.to(tl.float32)).to(x_row.dtype.element_ty).to(tl.float32)
+        squares += total * total
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+
+
+@triton.jit
+def _gemv_chunk(
+    acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, store_sum, k_left, K, eps,
+    PROLOGUE: tl.constexpr, MASKED: tl.constexpr, BLOCK_M: tl.constexpr, ONE_STEP: tl.constexpr,
+):  # fmt: skip
+    """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w."""
+    k_ok = offs_k < k_left
+    if MASKED:  # the K tail: masked lanes read 0 and add nothing
+        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(x_ptrs)
+        w = tl.load(w_ptrs)
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
+    if PROLOGUE == "add_rms_norm":
+        total = (x.to(tl.float32) + a.to(tl.float32)).to(x_ptrs.dtype.element_ty)
+        if store_sum:
+            tl.store(sum_ptrs, total, mask=(offs_m[:, None] < M) & k_ok[None, :])
+        if ONE_STEP:  # masked lanes hold 0: the sum of squares is the row's
+            squares = total.to(tl.float32) * total.to(tl.float32)
+            inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+        x = (total.to(tl.float32) * inv_rms[:, None] * scale[None, :]).to(x_ptrs.dtype.element_ty)
+    elif PROLOGUE == "silu_mul":
+        gate = x.to(tl.float32)
+        x = (gate * tl.sigmoid(gate) * a.to(tl.float32)).to(x_ptrs.dtype.element_ty)
+    prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    if BLOCK_M == 1:
+        acc += prod
+    else:
+        acc += tl.sum(prod, axis=2)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
     out_ptr,
+    a_ptr,
+    norm_ptr,
+    sum_ptr,
     M,
     N,
     K,
     k_per_split,
+    eps,
     stride_xm,
     stride_xk,
+    stride_am,
+    stride_ak,
     stride_wn,
     stride_wk,
     stride_os,
     stride_om,
     HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    PROLOGUE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    ONE_STEP: tl.constexpr = False,
+    NORM_BLOCK: tl.constexpr = 1024,
 ):
-    """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split."""
+    """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split.
+
+    ``PROLOGUE`` fuses the op that produced x into the load of each x chunk, so its output never
+    goes through memory: ``"add_rms_norm"`` (x + a, normalized by the whole row's rms and scaled by
+    ``norm``; the programs of the first output block also store x + a to ``sum``) or
+    ``"silu_mul"`` (silu(x) * a). Each is rounded to x's dtype, exactly as the unfused op's output.
+    """
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -150,26 +220,44 @@ def _gemv_kernel(
     k_base = k_start.to(tl.int64)
     x_ptrs = x_ptr + k_base * stride_xk + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + k_base * stride_wk + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    a_ptrs = a_ptr + k_base * stride_ak + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    if PROLOGUE == "add_rms_norm":  # the norm needs the whole row, not just this split's K range
+        if ONE_STEP:  # all of K arrives in the single chunk: the rms is taken there
+            inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        else:
+            inv_rms = _inv_rms(
+                x_ptr + rows[:, None] * stride_xm, a_ptr + rows[:, None] * stride_am,
+                K, eps, stride_xk, stride_ak, BLOCK_M, NORM_BLOCK,
+            )  # fmt: skip
+        sum_ptrs = sum_ptr + offs_m[:, None].to(tl.int64) * K + k_base + offs_k[None, :]
+        norm_ptrs = norm_ptr + k_base
+    else:  # unused
+        inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        sum_ptrs = sum_ptr
+        norm_ptrs = norm_ptr
 
     if BLOCK_M == 1:  # one row: accumulate elementwise, reduce over K once after the loop
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Whole BLOCK_K chunks without masks (masked loads lose their 16-byte vectors), then the tail.
     # tl.range pipelines these loads (the num_stages launch option only pipelines loads into tl.dot).
-    for k in tl.range(0, k_len, BLOCK_K, num_stages=NUM_STAGES):
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            x = tl.load(x_ptrs, mask=offs_k[None, :] < k_len - k, other=0.0)
-            w = tl.load(w_ptrs, mask=offs_k[None, :] < k_len - k, other=0.0)
-        prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        if BLOCK_M == 1:
-            acc += prod
-        else:
-            acc += tl.sum(prod, axis=2)
+    k_full = k_len // BLOCK_K * BLOCK_K
+    for _ in tl.range(0, k_full, BLOCK_K, num_stages=NUM_STAGES):
+        acc = _gemv_chunk(
+            acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
+            BLOCK_K, K, eps, PROLOGUE, False, BLOCK_M, ONE_STEP,
+        )  # fmt: skip
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
+        a_ptrs += BLOCK_K * stride_ak
+        sum_ptrs += BLOCK_K
+        norm_ptrs += BLOCK_K
+    if k_full < k_len:
+        acc = _gemv_chunk(
+            acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
+            k_len - k_full, K, eps, PROLOGUE, True, BLOCK_M, ONE_STEP,
+        )  # fmt: skip
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=2)
 
@@ -281,7 +369,9 @@ def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> Ge
 CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
     # 2026-11-29 (each config checked against torch before it was timed; M=1 timed as graph
-    # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's.
+    # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's. The article
+    # decode shapes were re-swept after the gemv loop stopped masking whole K steps: only
+    # down_proj's pick changed.
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
     (1, 1536, 1024): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.16 us, cuBLAS 5.16 us
     (256, 1536, 1024): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
@@ -289,7 +379,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (256, 1024, 1024): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
     (1, 9728, 1024): _gemv(8, 512, 1, 4, 4),  # gate_up_proj 8.33 us, cuBLAS 8.02 us
     (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
-    (1, 1024, 4864): _gemv(8, 512, 1, 4, 4),  # down_proj 6.09 us, cuBLAS 8.29 us
+    (1, 1024, 4864): _gemv(2, 512, 1, 4, 4),  # down_proj 5.98 us, cuBLAS 8.17 us
     (256, 1024, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
     (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
     (256, 151936, 1024): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
@@ -365,21 +455,40 @@ def partials_shape(m: int, n: int, k: int) -> tuple[int, int, int] | None:
 
 # ---- wrappers ----------------------------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class Prologue:
+    """An op the gemv kernel applies to each chunk of x as it loads it (see ``_gemv_kernel``).
+
+    ``kind`` is ``"add_rms_norm"`` (``other`` is the residual; ``total`` receives x + residual)
+    or ``"silu_mul"`` (x is the gate, ``other`` the up half). ``other`` has x's shape.
+    """
+
+    kind: str
+    other: torch.Tensor
+    norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+    total: torch.Tensor | None = None
+
+
 # linear's split-K partials when the caller passes none: one buffer per (device, shape), made on
 # first use -- the warm-up before CUDA Graph capture -- and never freed, so a captured graph's
 # buffer stays valid. Launches on one stream run in order, so all calls of a shape share it.
 _workspaces: dict[tuple[torch.device, int, int, int], torch.Tensor] = {}
 
 
-def _workspace(split: int, m: int, n: int, device: torch.device) -> torch.Tensor:
+def workspace(split: int, m: int, n: int, device: torch.device) -> torch.Tensor:
     key = (device, split, m, n)
     if key not in _workspaces:
         _workspaces[key] = torch.empty((split, m, n), dtype=torch.float32, device=device)
     return _workspaces[key]
 
 
-def _check_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, int]:
-    validate.tensor("x", x, ndim=2, last_dim_contiguous=False)
+def check_operands(
+    x: torch.Tensor, weight: torch.Tensor, x_name: str = "x", last_dim_contiguous: bool = False
+) -> tuple[int, int, int]:
+    """``(M, N, K)`` of ``x[M, K] @ weight[N, K].T``, or an error naming the bad argument."""
+    validate.tensor(x_name, x, ndim=2, last_dim_contiguous=last_dim_contiguous)
     validate.tensor("weight", weight, ndim=2, last_dim_contiguous=False)
     m, k = x.shape
     n, k_w = weight.shape
@@ -391,14 +500,14 @@ def _check_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, in
                 "(nn.Linear layout), pass weight.T"
             )
         raise ValueError(
-            f"weight: expected shape [N, {k}] (K={k} is the last dim of x {tuple(x.shape)}), "
+            f"weight: expected shape [N, {k}] (K={k} is the last dim of {x_name} {tuple(x.shape)}), "
             f"got {tuple(weight.shape)}{hint}"
         )
-    validate.same_dtype("weight", weight, "x", x)
+    validate.same_dtype("weight", weight, x_name, x)
     return m, n, k
 
 
-def _check_bias(bias: torch.Tensor | None, n: int, x: torch.Tensor) -> None:
+def check_bias(bias: torch.Tensor | None, n: int, x: torch.Tensor) -> None:
     if bias is None:
         return
     validate.tensor("bias", bias, ndim=1)
@@ -435,13 +544,14 @@ def _fit_stages(stages: int, elems_per_stage: int, elem_bytes: int) -> int:
     return stages
 
 
-def _run(
+def run(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     config: GemmConfig,
     y: torch.Tensor,
     partials: torch.Tensor | None,
+    prologue: Prologue | None = None,
 ) -> torch.Tensor:
     """Launch on checked arguments: straight into ``y``, or into ``partials`` and then the reduce."""
     (m, k), n = x.shape, weight.shape[0]
@@ -459,28 +569,37 @@ def _run(
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     fused_bias = bias is not None and partials is None
     target = y if partials is None else partials
-    args = (
-        x,
-        weight,
-        bias if fused_bias else target,  # a dummy pointer when the kernel adds no bias
-        target,
-        m,
-        n,
-        k,
-        k_per_split,
-        x.stride(0),
-        x.stride(1),
-        weight.stride(0),
-        weight.stride(1),
-        0 if partials is None else partials.stride(0),
-        n if partials is None else partials.stride(1),
-    )
+    out_strides = (0, n) if partials is None else (partials.stride(0), partials.stride(1))
+    bias_arg = bias if fused_bias else target  # a dummy pointer when the kernel adds no bias
+    if prologue is not None and config.kernel != "gemv":
+        raise ValueError(f"config: only the gemv kernel fuses a prologue, got {config.kernel!r}")
     if config.kernel == "gemv":
         block_m = triton.next_power_of_2(m)
+        p = prologue or Prologue("none", x)
         _gemv_kernel[(triton.cdiv(n, block_n), split)](
-            *args,
+            x,
+            weight,
+            bias_arg,
+            target,
+            p.other,
+            x if p.norm_weight is None else p.norm_weight,
+            x if p.total is None else p.total,
+            m,
+            n,
+            k,
+            k_per_split,
+            p.eps,
+            x.stride(0),
+            x.stride(1),
+            p.other.stride(0),
+            p.other.stride(1),
+            weight.stride(0),
+            weight.stride(1),
+            *out_strides,
             HAS_BIAS=fused_bias,
-            EVEN_K=k % block_k == 0,
+            PROLOGUE=p.kind,
+            ONE_STEP=split == 1 and k <= block_k,
+            NORM_BLOCK=min(triton.next_power_of_2(k), MAX_NORM_BLOCK),
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             BLOCK_K=block_k,
@@ -491,7 +610,19 @@ def _run(
         block_m = max(16, min(config.block_m, triton.next_power_of_2(m)))
         stages = _fit_stages(config.num_stages, (block_m + block_n) * block_k, x.element_size())
         _tiled_kernel[(triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split)](
-            *args,
+            x,
+            weight,
+            bias_arg,
+            target,
+            m,
+            n,
+            k,
+            k_per_split,
+            x.stride(0),
+            x.stride(1),
+            weight.stride(0),
+            weight.stride(1),
+            *out_strides,
             HAS_BIAS=fused_bias,
             EVEN_K=k % block_k == 0,
             FP32_IEEE=x.dtype == torch.float32,
@@ -521,14 +652,14 @@ def launch(
     ``config.split_k`` is taken as given (trailing splits may be empty when K is short; they add
     zeros); with ``split_k > 1``, ``partials`` is fp32 ``[split_k, M, N]`` or None (allocated here).
     """
-    m, n, _ = _check_operands(x, weight)
-    _check_bias(bias, n, x)
+    m, n, _ = check_operands(x, weight)
+    check_bias(bias, n, x)
     y = validate.output(out, (m, n), x.dtype, x)
     if config.split_k > 1:
         partials = validate.output(partials, (config.split_k, m, n), torch.float32, x, "partials")
     else:
         partials = None
-    return _run(x, weight, bias, config, y, partials)
+    return run(x, weight, bias, config, y, partials)
 
 
 def linear(
@@ -545,12 +676,12 @@ def linear(
     shape's config splits K; without it a per-shape workspace is used, so after one warm-up call
     a CUDA Graph capture of ``linear`` allocates nothing either way.
     """
-    m, n, k = _check_operands(x, weight)
+    m, n, k = check_operands(x, weight)
     config = table_config(m, n, k)
     if config.split_k == 1:
         partials = None
     elif partials is None:
-        partials = _workspace(config.split_k, m, n, x.device)
+        partials = workspace(config.split_k, m, n, x.device)
     return launch(x, weight, bias, config, out=out, partials=partials)
 
 
@@ -567,14 +698,14 @@ def linear_splitk(
     ``partials``: a preallocated fp32 ``[split_k, M, N]`` buffer (then nothing is allocated for
     it, so the call can be captured in a CUDA Graph); it holds the partials afterwards.
     """
-    m, n, k = _check_operands(x, weight)
+    m, n, k = check_operands(x, weight)
     _check_split_k(split_k, k)
     config = config_for(m, n, k)
     if m > GEMV_MAX_M and config.kernel == "gemv":
         config = default_config(m, n, k)
     y = validate.output(out, (m, n), x.dtype, x)
     partials = validate.output(partials, (split_k, m, n), torch.float32, x, "partials")
-    return _run(x, weight, None, config, y, partials)
+    return run(x, weight, None, config, y, partials)
 
 
 def splitk_reduce(

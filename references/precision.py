@@ -31,11 +31,23 @@ def computing_in(dtype: torch.dtype | None, *, keep_output_dtype: bool = False) 
         _compute, _keep_output = saved
 
 
+# The op's own dtype while the oracle runs on fp64 copies of its inputs (see ``rounded``).
+_storage: torch.dtype | None = None
+
+
 @contextlib.contextmanager
-def oracle() -> Iterator[None]:
-    """fp64 math, outputs left in fp64: the yardstick for ``max_error_ratio``."""
-    with computing_in(torch.float64, keep_output_dtype=True):
-        yield
+def oracle(storage: torch.dtype | None = None) -> Iterator[None]:
+    """fp64 math, outputs left in fp64: the yardstick for ``max_error_ratio``.
+
+    ``storage``: the dtype the op's inputs came in, for intermediates its definition rounds.
+    """
+    global _storage
+    saved, _storage = _storage, storage
+    try:
+        with computing_in(torch.float64, keep_output_dtype=True):
+            yield
+    finally:
+        _storage = saved
 
 
 def compute_dtype() -> torch.dtype:
@@ -50,3 +62,10 @@ def acc(x: torch.Tensor) -> torch.Tensor:
 def out(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast a result to the op's output dtype, except in the oracle, which keeps full precision."""
     return y if _keep_output else y.to(dtype)
+
+
+def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An intermediate that the op's definition rounds to ``dtype`` (a fused op reproducing the
+    unfused pair): rounded in every mode, in the oracle to the op's storage dtype."""
+    target = _storage if _keep_output and _storage is not None else dtype
+    return t.to(target).to(t.dtype)

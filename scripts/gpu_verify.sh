@@ -2,7 +2,7 @@
 # Everything the GPU must confirm, in one device call (device time is scarce): the test suite
 # on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
 # article preset, then the model benchmark. Logs go to $OUT (default ./out).
-# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm attention
+# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode attention
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
@@ -23,14 +23,19 @@ for stage in $stages; do
     case $stage in
         # the kernel-running tests; the CPU-only ones (interpreter patch, CLI subprocesses, HF
         # oracle in fp32, building the embedded checkpoint) add nothing on the GPU
-        tests) run tests 170 python -m pytest -n 16 -q -p no:cacheprovider tests/test_ops.py tests/test_compare.py \
-            tests/test_model.py tests/test_gemm.py tests/test_attention.py ;;
+        tests) run tests 330 python -m pytest -n 16 -q -p no:cacheprovider --durations=12 tests/test_ops.py tests/test_compare.py \
+            tests/test_model.py tests/test_gemm.py tests/test_attention.py tests/test_fused_linear.py \
+            tests/test_rope_kv_store.py ;;
         e2e) run e2e 60 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json" ;;
         bisect) run bisect 70 python -m verify.bisect --layer --model article --json "$OUT/bisect.json" \
             --plot "$OUT/bisect.png" ;;
-        bench) run bench 120 python -m verify.bench model --preset article --skip eager,reference \
+        bench) run bench 200 python -m verify.bench model --preset article --skip eager,reference \
             --json "$OUT/model.json" ;;
         gemm) run gemm 200 python -m verify.bench gemm --preset all --json "$OUT/gemm.json" ;;
+        gemm-decode) run gemm-decode 100 python -m verify.bench gemm --preset article --phase decode \
+            --json "$OUT/gemm-decode.json" ;;
+        sweep-decode) run sweep-decode 200 python -m verify.bench gemm --sweep --preset all --phase decode \
+            --json "$OUT/sweep-decode.json" ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ops import norm
+from ops.rope_kv_store import _norm_rope_row
 
 
 @triton.jit
@@ -275,3 +276,92 @@ def attention_no_rescale(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
 ) -> torch.Tensor:
     return _attention(q, k_cache, v_cache, seq_lens, scale, "no_rescale")
+
+
+# ---- fused qk-norm + RoPE + KV cache store --------------------------------------------------------
+
+
+@triton.jit
+def _rope_kv_store_kernel(
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, start_ptr, qw_ptr, kw_ptr, out_ptr, eps,
+    S, L, HQ, HKV, D, HALF, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    HAS_NORM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_D: tl.constexpr,
+    BUG: tl.constexpr,
+):  # fmt: skip
+    """ops.rope_kv_store's kernel (cos and sin contiguous), with one bug."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    b = (token // S).to(tl.int64)
+    s = (token % S).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    j = 2 * HALF + tl.arange(0, BLOCK_REST)
+    rest_mask = j < D
+    c = tl.load(cos_ptr + token.to(tl.int64) * HALF + i, mask=mask, other=0.0)
+    sn = tl.load(sin_ptr + token.to(tl.int64) * HALF + i, mask=mask, other=0.0)
+    if BUG == "rotated_backwards":  # x1 * c + x2 * s, x2 * c - x1 * s: the angle's sign flipped
+        sn = -sn
+    if head < HQ:
+        x_row = q_ptr + b * stride_qb + s * stride_qs + head.to(tl.int64) * stride_qh
+        y1, y2, rest = _norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        out_row = out_ptr + (token.to(tl.int64) * HQ + head) * D
+        tl.store(out_row + i, y1, mask=mask)
+        tl.store(out_row + HALF + i, y2, mask=mask)
+        tl.store(out_row + j, rest, mask=rest_mask)
+    else:
+        kvh = (head - HQ).to(tl.int64)
+        row = tl.load(start_ptr + b).to(tl.int64) + s
+        if BUG == "next_row":  # one cache row too far
+            row += 1
+        in_cache = (row < L) & (row >= 0)
+        k_row = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
+        if BUG == "k_with_q_norm":  # k normalized with q's weights
+            kw_ptr = qw_ptr
+        y1, y2, rest = _norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        dst = ((b * L + row) * HKV + kvh) * D
+        tl.store(kc_ptr + dst + i, y1, mask=mask & in_cache)
+        tl.store(kc_ptr + dst + HALF + i, y2, mask=mask & in_cache)
+        tl.store(kc_ptr + dst + j, rest, mask=rest_mask & in_cache)
+        d = tl.arange(0, BLOCK_D)
+        d_mask = (d < D) & in_cache
+        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d_mask)
+        tl.store(vc_ptr + dst + d, v, mask=d_mask)
+
+
+def _rope_kv_store(q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_norm, eps, bug):
+    batch, seq, q_heads, dim = q.shape
+    kv_heads, half = k_cache.shape[2], cos.shape[-1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    rest = dim - 2 * half
+    _rope_kv_store_kernel[(batch * seq, q_heads + kv_heads)](
+        q, k, v, cos.contiguous(), sin.contiguous(), k_cache, v_cache, start_pos,
+        q if q_norm is None else q_norm, q if k_norm is None else k_norm, out, eps,
+        seq, k_cache.shape[1], q_heads, kv_heads, dim, half,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        HAS_NORM=q_norm is not None, BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_REST=triton.next_power_of_2(rest) if rest else 1, BLOCK_D=triton.next_power_of_2(dim), BUG=bug,
+    )  # fmt: skip
+    return out
+
+
+def rope_kv_store_next_row(
+    q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm=None, k_norm=None, eps=1e-6
+):
+    return _rope_kv_store(q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_norm, eps, "next_row")
+
+
+def rope_kv_store_k_with_q_norm(
+    q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm=None, k_norm=None, eps=1e-6
+):
+    return _rope_kv_store(
+        q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_norm, eps, "k_with_q_norm"
+    )
+
+
+def rope_kv_store_rotated_backwards(
+    q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm=None, k_norm=None, eps=1e-6
+):
+    return _rope_kv_store(
+        q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_norm, eps, "rotated_backwards"
+    )

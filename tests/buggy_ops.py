@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ops import attention as attention_ops
-from ops import kv_cache, norm, rope
+from ops import fused_linear, kv_cache, norm, rope
 
 TINY_ROPE_BASE = 10000.0  # the embedded tiny model's rope_theta: the no-offset bug recomputes the table
 
@@ -45,3 +45,10 @@ def attention_gqa_tiled(
     tiled_k = k_cache.repeat(1, 1, group, 1)  # kv0, kv1, kv0, kv1, ...: the tiling bug
     tiled_v = v_cache.repeat(1, 1, group, 1)
     return attention_ops.attention(q, tiled_k, tiled_v, seq_lens, scale)
+
+
+def silu_mul_linear_swapped_halves(
+    gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    """silu applied to the up half: the fused gate/up weight's halves read in the wrong order."""
+    return fused_linear.silu_mul_linear(up, gate, weight)

@@ -50,8 +50,15 @@ def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
         ("apply_rope=tests/buggy_ops.py:apply_rope_no_offset@2", "2", "apply_rope"),
         ("kv_cache_store=tests/buggy_ops.py:kv_cache_store_next_row@1", "1", "kv_cache_store"),
         ("attention=tests/buggy_ops.py:attention_gqa_tiled@3", "3", "attention"),
+        ("silu_mul_linear=tests/buggy_ops.py:silu_mul_linear_swapped_halves@1", "1", "silu_mul_linear"),
     ],
-    ids=["wrong eps", "rope offset ignored", "kv row off by one", "gqa head mapping"],
+    ids=[
+        "wrong eps",
+        "rope offset ignored",
+        "kv row off by one",
+        "gqa head mapping",
+        "fused op: gate/up swapped",
+    ],
 )
 def test_bisect_names_the_injected_layer_and_op(tmp_path: Path, inject: str, layer: str, op: str) -> None:
     run, report = bisect(tmp_path, "--inject", inject)

@@ -311,10 +311,10 @@ def print_step(results: list[LayerResult], label: str) -> None:
 
 
 def print_drill(ops: list[OpResult]) -> None:
-    print(f"\n{'point':<13} {'op':<15} {'verdict':<8} {'max abs':>9}  detail")
+    print(f"\n{'point':<13} {'op':<19} {'verdict':<8} {'max abs':>9}  detail")
     for r in ops:
         print(
-            f"{r.point:<13} {r.op:<15} {'ok' if r.passed else 'DIVERGES':<8} {r.max_abs:>9.3g}  "
+            f"{r.point:<13} {r.op:<19} {'ok' if r.passed else 'DIVERGES':<8} {r.max_abs:>9.3g}  "
             f"{r.detail[:90]}"
         )
         if not r.passed:
@@ -360,12 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         device = backend.device()
         max_seq = args.prompt_len + args.decode_steps
         models = model_loading.load(args.model, device, 1, max_seq, injections)
-        free = triton_model.build(models.weights, 1, max_seq)
+        free = triton_model.build(models.weights, 1, max_seq, models.triton.fused)
         model_loading.apply_injections(free, injections)
     except model_loading.UsageError as exc:
         print(f"verify.bisect: {exc}", file=sys.stderr)
         return 2
-    lowp = reference.build(models.weights, 1, max_seq)
+    lowp = reference.build(models.weights, 1, max_seq, models.triton.fused)
     factor = setting("bisect", "layer_error_factor")
     impl_specs = {
         (inj.op, n): inj.impl_spec
@@ -377,8 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(str(models.directory))
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
-        f"backend {backend.name()}, prompt {args.prompt_len} tokens + {args.decode_steps} decode steps; "
-        f"threshold = {factor:g} x plain bf16 torch's rel L2 on the same layer input"
+        f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {args.prompt_len} tokens "
+        f"+ {args.decode_steps} decode steps; threshold = {factor:g} x plain bf16 torch's rel L2 on the "
+        "same layer input"
     )
     for inj in injections:
         print(

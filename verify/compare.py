@@ -292,7 +292,7 @@ def _run_reference(spec: Any, case: Case, mode: str) -> list[tuple[str, Any]]:
     names = arg_names(spec.reference)
     if mode == "oracle":
         args, kwargs = _to_oracle(args), {k: _to_oracle(v) for k, v in kwargs.items()}
-        with oracle():
+        with oracle(storage=dtype_of(case.params)):
             result = spec.reference(*args, **kwargs)
     elif mode == "lowp":
         with computing_in(dtype_of(case.params)):

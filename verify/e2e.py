@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     names = ["triton"] + (["hf"] if "hf" in against else [])
     print(
         f"verify.e2e: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
-        f"backend {backend.name()}, prompt {prompt.shape[1]} tokens, {args.new_tokens} new"
+        f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {prompt.shape[1]} tokens, "
+        f"{args.new_tokens} new"
     )
     for inj in injections:
         print(

@@ -11,7 +11,7 @@ import registry
 from model import config as model_config
 from model import reference, triton_model
 from model import weights as model_weights
-from model.decoder import OPS, Decoder
+from model.decoder import FUSIONS, OPS, Decoder
 from verify import impl_loader
 
 
@@ -111,7 +111,27 @@ def load(
         weights = model_weights.load(directory, cfg, device)
     except (model_config.ConfigError, model_weights.WeightsError) as exc:
         raise UsageError(str(exc)) from None
-    ref = reference.build(weights, max_batch, max_seq)
-    tri = triton_model.build(weights, max_batch, max_seq)
+    fused = decoder_fused(injections)
+    ref = reference.build(weights, max_batch, max_seq, fused)
+    tri = triton_model.build(weights, max_batch, max_seq, fused)
     apply_injections(tri, list(injections))
     return Models(directory, cfg, weights, ref, tri)
+
+
+def decoder_fused(injections: list[Injection]) -> bool:
+    """Fused ops unless an injection swaps one of their parts (then both models run the parts)."""
+    parts = {part for ops in FUSIONS.values() for part in ops}
+    swapped = {inj.op for inj in injections}
+    if swapped & parts and swapped & set(FUSIONS):
+        raise UsageError(
+            f"--inject: {', '.join(sorted(swapped & set(FUSIONS)))} is a fused op and "
+            f"{', '.join(sorted(swapped & parts))} one of the ops fused ops stand for; the decoder "
+            "runs either the fused ops or their parts, so inject one kind"
+        )
+    return not swapped & parts
+
+
+def describe_ops(models: Models) -> str:
+    if models.triton.fused:
+        return f"fused ops ({', '.join(FUSIONS)})"
+    return "unfused ops (an --inject swaps a part of a fused op)"

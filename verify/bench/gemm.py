@@ -69,6 +69,13 @@ DECODE_CANDIDATES = (
     _gemv(4, 512, 4, 4, 1),
     _gemv(8, 512, 4, 4, 3),
     _gemv(4, 256, 8, 4, 3),
+    # K steps that divide the models' K (4864 = 19 x 256) so no step is masked, deeper pipelines
+    _gemv(2, 512, 1, 4, 4),
+    _gemv(4, 512, 1, 4, 4),
+    _gemv(4, 256, 1, 4, 4),
+    _gemv(8, 256, 1, 4, 4),
+    _gemv(16, 256, 1, 8, 4),
+    _gemv(8, 1024, 1, 8, 2),
     _tiled(16, 64, 128, 4, 4, 4),
     _tiled(16, 32, 256, 8, 4, 3),
 )
@@ -306,13 +313,13 @@ def _roofline() -> Roofline:
     return roof
 
 
-def run_bench(presets: list[str], replays: int) -> tuple[list[Row], list[str]]:
+def run_bench(presets: list[str], replays: int, phases: list[int]) -> tuple[list[Row], list[str]]:
     roof = _roofline()
     rows: list[Row] = []
     for preset in presets:
         preset_rows: list[Row] = []
         for proj in MODEL_PROJECTIONS[preset]:
-            for m, _ in PHASES:
+            for m in phases:
                 problem = make_problem(preset, proj, m)
                 preset_rows += bench_problem(problem, roof, replays)
                 del problem
@@ -341,12 +348,12 @@ class SweepResult:
     rows: list[Row] = field(default_factory=list)
 
 
-def _unique_problems(presets: list[str]) -> list[tuple[str, Projection, int]]:
+def _unique_problems(presets: list[str], phases: list[int]) -> list[tuple[str, Projection, int]]:
     seen: set[tuple[int, int, int]] = set()
     out = []
     for preset in presets:
         for proj in MODEL_PROJECTIONS[preset]:
-            for m, _ in PHASES:
+            for m in phases:
                 if (m, proj.n, proj.k) not in seen:
                     seen.add((m, proj.n, proj.k))
                     out.append((preset, proj, m))
@@ -413,10 +420,10 @@ def paste_table(results: list[SweepResult], device: str) -> str:
     return "\n".join(lines)
 
 
-def run_sweep(presets: list[str], replays: int) -> tuple[list[SweepResult], str]:
+def run_sweep(presets: list[str], replays: int, phases: list[int]) -> tuple[list[SweepResult], str]:
     roof = _roofline()
     results = []
-    for preset, proj, m in _unique_problems(presets):
+    for preset, proj, m in _unique_problems(presets, phases):
         r = sweep_problem(preset, proj, m, roof, replays)
         results.append(r)
         ranked = sorted((row for row in r.rows if row.seconds), key=lambda row: row.seconds)
@@ -443,6 +450,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=[*MODEL_PROJECTIONS, "all"], default="all")
     p.add_argument("--sweep", action="store_true", help="time candidate configs, print the best as a table")
     p.add_argument("--replays", type=int, default=20, help="graph replays per timing (median)")
+    p.add_argument("--phase", choices=["decode", "prefill", "all"], default="all", help="M=1, M=256 or both")
     p.add_argument("--json", metavar="PATH", help="also write every row as JSON")
     return p
 
@@ -454,14 +462,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check reference must be fp32
     presets = _presets(args.preset)
+    phases = [m for m, name in PHASES if args.phase in (name, "all")]
     device = torch.cuda.get_device_name()
     print(f"verify.bench gemm on {device}: presets {', '.join(presets)}{' (sweep)' if args.sweep else ''}")
     if args.sweep:
-        results, text = run_sweep(presets, args.replays)
+        results, text = run_sweep(presets, args.replays, phases)
         rows = [row for r in results for row in r.rows]
         payload: dict = {"device": device, "mode": "sweep", "table": text, "rows": [asdict(r) for r in rows]}
     else:
-        rows, lines = run_bench(presets, args.replays)
+        rows, lines = run_bench(presets, args.replays, phases)
         payload = {"device": device, "mode": "bench", "targets": lines, "rows": [asdict(r) for r in rows]}
     if args.json:
         with open(args.json, "w") as f:

@@ -2,7 +2,8 @@
 
 Random weights of the real size, one prompt, greedy decode, batch 1, in one run:
 (a) the Triton model with CUDA Graphs (decode, and prefill captured for the prompt length),
-(b) the same Triton model launched eagerly, (c) the reference model (fp32 math) eagerly,
+(a') the same with the fused ops split into their parts (what fusion buys),
+(b) the Triton model launched eagerly, (c) the reference model (fp32 math) eagerly,
 (d) the reference model computing in bf16 (plain torch), eagerly, (e) that plain-torch model
 compiled by ``torch.compile`` and replayed as a CUDA Graph, the gpt-fast style peer, (f) HF transformers
 ``generate``, and (g) the roofline: weight + KV bytes per token over measured copy bandwidth.
@@ -86,6 +87,31 @@ def roofline_seconds(config, context: int, bandwidth: float) -> tuple[float, int
     return total / bandwidth, total
 
 
+def kernel_profile(runner: DecodeRunner, first: torch.Tensor, start: int, steps: int) -> str:
+    """GPU time per decode token by kernel name, from the profiler's trace of graph replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    token = runner.step(first, start)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            token = runner.step(token, start + 1 + i)
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.time_range.elapsed_us())
+    total = sum(sum(t) for t in kernels.values()) / steps
+    rows = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))
+    table = [
+        [name[:60], f"{len(t) / steps:.0f}", f"{statistics.mean(t):.2f}", f"{sum(t) / steps:.1f}"]
+        for name, t in rows[:20]
+    ]
+    count = sum(len(t) for t in kernels.values()) / steps
+    head = f"\nkernel time per decode token: {total:.1f} us busy over {count:.0f} kernels"
+    return head + "\n" + timing.table(["kernel", "per token", "mean us", "us per token"], table)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m verify.bench model", description=" ".join(__doc__.split("\n\n")[0].split())
@@ -93,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="article", choices=sorted(PRESETS))
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--skip", default="", help="comma list of rows to skip: eager,reference,compile,hf")
+    p.add_argument("--skip", default="", help="rows to skip, comma list: unfused,eager,reference,compile,hf")
     p.add_argument("--json", metavar="PATH")
+    p.add_argument(
+        "--profile", action="store_true", help="also print where a graph decode step spends its time"
+    )
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     cfg, device = PRESETS[args.preset], torch.device("cuda")
@@ -131,6 +160,19 @@ def main(argv: list[str] | None = None) -> int:
         decode_loop(decode_runner.step, first, length, new),
         "prefill captured for this prompt length",
     )
+    if args.profile:
+        print(kernel_profile(decode_runner, first, length, steps=8), flush=True)
+    if "unfused" not in skip:  # what the fused ops buy: the same graph over one op per step
+        unfused = triton_model.build(weights, 1, max_seq, fused=False)
+        unfused_prefill = DecodeRunner(unfused, 1, new_tokens=length)
+        unfused_decode = DecodeRunner(unfused, 1)
+        record(
+            "triton + CUDA graph, unfused ops",
+            _seconds(lambda: unfused_prefill.step(prompt, 0)),
+            decode_loop(unfused_decode.step, first, length, new),
+            "norm, SwiGLU, RoPE and cache write as their own kernels",
+        )
+        del unfused, unfused_prefill, unfused_decode
 
     def eager_step(model, token, position):
         start = torch.full((1,), position, dtype=torch.int32, device=device)

@@ -65,7 +65,7 @@ def _x(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor
     return values((m, k), dtype, dist, gen, device)
 
 
-def _weight(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+def weight_tensor(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     n, k, dtype = params["n"], params["k"], dtype_of(params)
     layout = params["w_layout"]
     if layout == "row_slice":  # rows 7..7+N of a fused weight (e.g. the K part of a fused QKV)
@@ -85,19 +85,19 @@ def _labels(params: dict) -> list[str]:
     return out
 
 
-def _fits_dtype(params: dict) -> bool:
+def fits_dtype(params: dict) -> bool:
     # |x| up to 1e4 times unit weights over K terms overflows fp16 (65504) for any implementation.
     return not (params["dtype"] == "float16" and params["dist"] == "large")
 
 
-def _m(limits: Limits) -> st.SearchStrategy[int]:
+def m_sizes(limits: Limits) -> st.SearchStrategy[int]:
     """Decode sizes 1..3 half the time (they take the gemv path), else any M up to the cap."""
     return st.one_of(st.sampled_from([1, 2, 3]), size(limits.gemm, AWKWARD))
 
 
 def _shape_fields(limits: Limits) -> dict:
     return {
-        "m": _m(limits),
+        "m": m_sizes(limits),
         "n": size(limits.gemm, AWKWARD),
         "k": size(limits.gemm, AWKWARD),
         "x_layout": st.sampled_from(X_LAYOUTS),
@@ -110,13 +110,13 @@ def _shape_fields(limits: Limits) -> dict:
 
 
 def linear_params(limits: Limits) -> st.SearchStrategy[dict]:
-    return st.fixed_dictionaries({**_shape_fields(limits), "bias": st.booleans()}).filter(_fits_dtype)
+    return st.fixed_dictionaries({**_shape_fields(limits), "bias": st.booleans()}).filter(fits_dtype)
 
 
 def linear_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     x = _x(params, gen, device)
-    weight = _weight(params, gen, device)
+    weight = weight_tensor(params, gen, device)
     bias = values((params["n"],), dtype_of(params), "normal", gen, device) if params["bias"] else None
     labels = [*_labels(params), "bias" if params["bias"] else "no bias"]
     return Case(params, (x, weight, bias), labels=tuple(labels))
@@ -208,13 +208,13 @@ LINEAR_INVALID = (
 
 def linear_splitk_params(limits: Limits) -> st.SearchStrategy[dict]:
     fields = {**_shape_fields(limits), "split_k": st.integers(1, MAX_SPLIT), "prealloc": st.booleans()}
-    return st.fixed_dictionaries(fields).filter(lambda p: p["split_k"] <= p["k"] and _fits_dtype(p))
+    return st.fixed_dictionaries(fields).filter(lambda p: p["split_k"] <= p["k"] and fits_dtype(p))
 
 
 def linear_splitk_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     x = _x(params, gen, device)
-    weight = _weight(params, gen, device)
+    weight = weight_tensor(params, gen, device)
     split = params["split_k"]
     labels = [*_labels(params), f"split_k {split}"]
     if params["k"] % split:
@@ -265,7 +265,7 @@ def splitk_reduce_params(limits: Limits) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries(
         {
             "s": st.integers(1, MAX_SPLIT),
-            "m": _m(limits),
+            "m": m_sizes(limits),
             "n": size(limits.width, AWKWARD),
             "pad": padding(),
             **common(),

@@ -1,0 +1,111 @@
+"""Projections with the op before them fused into the weight stream (decode's kernel count).
+
+At decode the model is a chain of small kernels, each costing ~1-2 us even inside a CUDA
+Graph, so two of them are folded into the GEMM that consumes their output:
+
+* ``add_rms_norm_linear``: residual add + RMSNorm + projection (the QKV and gate/up GEMMs).
+  Every gemv program recomputes the row's rms from ``x + residual`` (K <= a few thousand: a
+  few KB read from L2) and normalizes each chunk as it loads it; the programs of the first
+  output block also write ``x + residual``, the next residual stream.
+* ``silu_mul_linear``: SwiGLU gate + down projection. The gemv kernel reads gate and up
+  chunks and multiplies ``silu(gate) * up`` on the fly.
+
+Each fused value is rounded to the input dtype exactly where the unfused op would round its
+output, so the result is the unfused composition's, up to fp32 summation order. Past the
+gemv sizes (M > 4: prefill, compute bound) the ops run as that composition: the norm or
+SwiGLU kernel into a cached scratch, then ``linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ops import elementwise, gemm, norm, validate
+
+# Intermediates of the composed (M > 4) path, one per (device, shape, dtype), made on first
+# use (the warm-up before any capture) and reused, as gemm's split-K workspace is.
+_scratch: dict[tuple, torch.Tensor] = {}
+
+
+def _intermediate(shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    key = (like.device, shape, like.dtype)
+    if key not in _scratch:
+        _scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return _scratch[key]
+
+
+def _fused_config(m: int, n: int, k: int) -> gemm.GemmConfig | None:
+    """The gemv config ``linear`` uses for this shape, or None where the op runs composed."""
+    if m == 0 or n == 0 or k == 0:
+        return None
+    config = gemm.table_config(m, n, k)
+    return config if config.kernel == "gemv" else None
+
+
+def _project(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: gemm.GemmConfig,
+    y: torch.Tensor,
+    prologue: gemm.Prologue,
+) -> None:
+    m, n = x.shape[0], weight.shape[0]
+    partials = gemm.workspace(config.split_k, m, n, x.device) if config.split_k > 1 else None
+    gemm.run(x, weight, bias, config, y, partials, prologue)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(linear(rms_norm(x + residual, norm_weight, eps), weight, bias), x + residual)``.
+
+    ``x``, ``residual``: ``[M, K]`` (any row stride); ``weight``: ``[N, K]``.
+    """
+    m, n, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
+    validate.tensor("residual", residual, ndim=2)
+    validate.shape("residual", residual, x.shape, "the shape of x")
+    validate.same_dtype("residual", residual, "x", x)
+    validate.tensor("norm_weight", norm_weight, ndim=1)
+    validate.shape("norm_weight", norm_weight, (k,), "K, the last dim of x")
+    validate.same_dtype("norm_weight", norm_weight, "x", x)
+    validate.positive("eps", eps)
+    gemm.check_bias(bias, n, x)
+    y_out, total_out = out if out is not None else (None, None)
+    y = validate.output(y_out, (m, n), x.dtype, x, "out[0]")
+    total = validate.output(total_out, (m, k), x.dtype, x, "out[1]")
+    config = _fused_config(m, n, k)
+    if config is None:
+        h = _intermediate((m, k), x)
+        norm.add_rms_norm(x, residual, norm_weight, eps, out=(h, total))
+        gemm.linear(h, weight, bias, out=y)
+        return y, total
+    _project(x, weight, bias, config, y, gemm.Prologue("add_rms_norm", residual, norm_weight, eps, total))
+    return y, total
+
+
+def silu_mul_linear(
+    gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``linear(silu_mul(gate, up), weight)``: ``gate``, ``up`` ``[M, K]`` (the halves of the
+    fused gate/up output), ``weight`` ``[N, K]``."""
+    m, n, k = gemm.check_operands(gate, weight, "gate", last_dim_contiguous=True)
+    validate.tensor("up", up, ndim=2)
+    validate.shape("up", up, gate.shape, "the shape of gate")
+    validate.same_dtype("up", up, "gate", gate)
+    y = validate.output(out, (m, n), gate.dtype, gate)
+    config = _fused_config(m, n, k)
+    if config is None:
+        h = _intermediate((m, k), gate)
+        elementwise.silu_mul(gate, up, out=h)
+        gemm.linear(h, weight, None, out=y)
+        return y
+    _project(gate, weight, None, config, y, gemm.Prologue("silu_mul", up))
+    return y

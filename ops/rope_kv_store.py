@@ -1,0 +1,235 @@
+"""Optional qk-norm, RoPE on q and k, and the KV cache store, fused into one launch
+(article ops 4, 5, 18 and qk-norm).
+
+Per layer the decoder would otherwise launch rms_norm(q), rms_norm(k) (Qwen3), apply_rope(q),
+apply_rope(k) and kv_cache_store: 3 to 5 launches of a few microseconds of work each, where
+launch cost dominates decode. Here program ``(token, head)`` reads one head row once: heads
+``< Hq`` are q heads, rotated into ``out``; the others are kv heads, whose rotated k and plain
+v go straight into the cache row ``start_pos[b] + s`` (rows outside ``0..L-1`` are not written,
+as in ``kv_cache_store``).
+
+The result matches the unfused ops: the normalized row is rounded to the input dtype before
+the rotation (the separate rms_norm op outputs in that dtype), and the rotation is the same
+fp32 ``x1 * c - x2 * s, x2 * c + x1 * s`` as ``ops.rope``, rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops import validate
+
+
+@triton.jit
+def _norm_rope_row(
+    x_row,
+    w_ptr,
+    c,
+    sn,
+    eps,
+    D,
+    HALF,
+    HAS_NORM: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_REST: tl.constexpr,
+):
+    """One head row as (rotated first half, rotated second half, pass-through rest), rounded."""
+    dtype = x_row.dtype.element_ty
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    j = 2 * HALF + tl.arange(0, BLOCK_REST)
+    rest_mask = j < D
+    x1 = tl.load(x_row + i, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    rest = tl.load(x_row + j, mask=rest_mask, other=0.0).to(tl.float32)
+    if HAS_NORM:  # rms_norm over the whole row (all three parts), rounded as the separate op rounds
+        sum_sq = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(rest * rest, axis=0)
+        inv_rms = 1.0 / tl.sqrt(sum_sq / D + eps)
+        w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
+        wr = tl.load(w_ptr + j, mask=rest_mask, other=0.0).to(tl.float32)
+        x1 = (x1 * inv_rms * w1).to(dtype).to(tl.float32)
+        x2 = (x2 * inv_rms * w2).to(dtype).to(tl.float32)
+        rest = (rest * inv_rms * wr).to(dtype).to(tl.float32)
+    y1 = (x1 * c - x2 * sn).to(dtype)
+    y2 = (x2 * c + x1 * sn).to(dtype)
+    return y1, y2, rest.to(dtype)  # rest holds dtype values already: the cast back is exact
+
+
+@triton.jit
+def _rope_kv_store_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cos_ptr,
+    sin_ptr,
+    kc_ptr,
+    vc_ptr,
+    start_ptr,
+    qw_ptr,
+    kw_ptr,
+    out_ptr,
+    eps,
+    S,
+    L,
+    HQ,
+    HKV,
+    D,
+    HALF,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_sb,
+    stride_ss,
+    HAS_NORM: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_REST: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    b = (token // S).to(tl.int64)
+    s = (token % S).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    j = 2 * HALF + tl.arange(0, BLOCK_REST)
+    rest_mask = j < D
+    c = tl.load(cos_ptr + b * stride_cb + s * stride_cs + i, mask=mask, other=0.0)
+    sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
+    if head < HQ:  # a q head: rotate into out[b, s, head]
+        x_row = q_ptr + b * stride_qb + s * stride_qs + head.to(tl.int64) * stride_qh
+        y1, y2, rest = _norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        out_row = out_ptr + (token.to(tl.int64) * HQ + head) * D
+        tl.store(out_row + i, y1, mask=mask)
+        tl.store(out_row + HALF + i, y2, mask=mask)
+        tl.store(out_row + j, rest, mask=rest_mask)
+    else:  # a kv head: rotated k and plain v into cache row start_pos[b] + s, if it exists
+        kvh = (head - HQ).to(tl.int64)
+        row = tl.load(start_ptr + b).to(tl.int64) + s
+        in_cache = (row < L) & (row >= 0)
+        k_row = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
+        y1, y2, rest = _norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        dst = ((b * L + row) * HKV + kvh) * D
+        tl.store(kc_ptr + dst + i, y1, mask=mask & in_cache)
+        tl.store(kc_ptr + dst + HALF + i, y2, mask=mask & in_cache)
+        tl.store(kc_ptr + dst + j, rest, mask=rest_mask & in_cache)
+        d = tl.arange(0, BLOCK_D)
+        d_mask = (d < D) & in_cache
+        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d_mask)
+        tl.store(vc_ptr + dst + d, v, mask=d_mask)
+
+
+def rope_kv_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start_pos: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Optional qk-norm, then RoPE on q (returned) and k (stored with v into the caches in place).
+
+    The composition ``rms_norm`` (q and k, when ``q_norm``/``k_norm`` are given), ``apply_rope``
+    (q and k), ``kv_cache_store(k_cache, v_cache, k_rot, v, start_pos)`` in one launch.
+    """
+    validate.tensor("q", q, ndim=4)
+    validate.tensor("k", k, ndim=4)
+    validate.tensor("v", v, ndim=4)
+    validate.tensor("cos", cos, ndim=3, dtypes=(torch.float32,))
+    validate.tensor("sin", sin, ndim=3, dtypes=(torch.float32,))
+    validate.tensor("k_cache", k_cache, ndim=4)
+    validate.tensor("v_cache", v_cache, ndim=4)
+    validate.tensor("start_pos", start_pos, ndim=1, dtypes=(torch.int32,))
+    if (q_norm is None) != (k_norm is None):
+        given, missing = ("q_norm", "k_norm") if k_norm is None else ("k_norm", "q_norm")
+        raise ValueError(
+            f"{missing}: expected a tensor since {given} is given (qk-norm normalizes q and k), got None"
+        )
+    if q_norm is not None:
+        validate.tensor("q_norm", q_norm, ndim=1)
+        validate.tensor("k_norm", k_norm, ndim=1)
+    validate.positive("eps", eps)
+
+    batch, seq, q_heads, dim = q.shape
+    validate.contiguous("k_cache", k_cache)
+    validate.contiguous("v_cache", v_cache)
+    capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    validate.shape("k_cache", k_cache, (batch, capacity, kv_heads, dim), "[B, L, Hkv, D] matching q")
+    validate.shape("v_cache", v_cache, k_cache.shape, "the shape of k_cache")
+    validate.shape("k", k, (batch, seq, kv_heads, dim), "[B, S, Hkv, D] matching q and k_cache")
+    validate.shape("v", v, k.shape, "the shape of k")
+    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        validate.same_dtype(name, t, "q", q)
+    if q_norm is not None:
+        validate.shape("q_norm", q_norm, (dim,), "the head_dim of q")
+        validate.shape("k_norm", k_norm, (dim,), "the head_dim of k")
+        validate.same_dtype("q_norm", q_norm, "q", q)
+        validate.same_dtype("k_norm", k_norm, "q", q)
+    half = cos.shape[-1]
+    validate.shape("cos", cos, (batch, seq, half), "[B, S, rotary_dim / 2] matching q")
+    validate.shape("sin", sin, cos.shape, "the shape of cos")
+    if not 0 < 2 * half <= dim:
+        raise ValueError(f"cos: rotary_dim {2 * half} must be in 1..head_dim ({dim}) of q")
+    validate.shape("start_pos", start_pos, (batch,), "one start row per batch entry")
+    if seq > capacity:
+        raise ValueError(f"k: {seq} new tokens do not fit k_cache of capacity {capacity}")
+    result = validate.output(out, q.shape, q.dtype, q)
+    if batch * seq * (q_heads + kv_heads) == 0:
+        return result
+
+    rest = dim - 2 * half
+    _rope_kv_store_kernel[(batch * seq, q_heads + kv_heads)](
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        start_pos,
+        q if q_norm is None else q_norm,  # unused without qk-norm
+        q if k_norm is None else k_norm,
+        result,
+        float(eps),
+        seq,
+        capacity,
+        q_heads,
+        kv_heads,
+        dim,
+        half,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        cos.stride(0),
+        cos.stride(1),
+        sin.stride(0),
+        sin.stride(1),
+        HAS_NORM=q_norm is not None,
+        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_REST=triton.next_power_of_2(rest) if rest else 1,  # 1: an always-masked stub
+        BLOCK_D=triton.next_power_of_2(dim),
+    )
+    return result

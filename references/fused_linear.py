@@ -1,0 +1,34 @@
+"""Fused projections: by definition the composition of the unfused references.
+
+Each intermediate (the residual sum, the normalized row, the SwiGLU product) is rounded to
+the input dtype where the unfused ops round it: those roundings are part of what the fused
+op computes, so they are applied even in the fp64 oracle (``rounded``; ``out`` alone would
+keep fp64 there), which then differs from the kernel only by its final rounding and fp32
+summation order, not by a bf16 step of every intermediate element.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from references.elementwise import add, silu_mul
+from references.gemm import linear
+from references.norm import rms_norm
+from references.precision import rounded
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    total = add(x, residual)
+    h = rms_norm(rounded(total, x.dtype), norm_weight, eps)
+    return linear(rounded(h, x.dtype), weight, bias), total
+
+
+def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return linear(rounded(silu_mul(gate, up), gate.dtype), weight)

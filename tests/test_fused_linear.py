@@ -1,0 +1,60 @@
+"""The fused projections on every gemv path the config table can pick: K split into several
+programs (each recomputing the row's rms over all of K and writing its own part of the
+residual sum), K walked in several steps, K tails, M = 1..4. The registry-generated tests
+reach only the interpreter's default configs, which take K in one step."""
+
+from __future__ import annotations
+
+import pytest
+
+import registry
+from ops import backend, fused_linear, gemm
+from ops.gemm import GemmConfig
+from verify.compare import check
+
+DEVICE = backend.device()
+CONFIGS = [
+    GemmConfig("gemv", 1, 4, 32, num_stages=1),
+    GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2),
+    GemmConfig("gemv", 1, 16, 16, split_k=8),
+]
+SHAPES = [  # m, n, k, dtype: a K tail, EVEN_K (k=128), N=1, fp32
+    (1, 65, 129, "bfloat16"),
+    (3, 33, 128, "bfloat16"),
+    (4, 17, 100, "float16"),
+    (2, 1, 17, "float32"),
+]
+
+
+@pytest.mark.parametrize("op", ["add_rms_norm_linear", "silu_mul_linear"])
+@pytest.mark.parametrize("config", CONFIGS, ids=GemmConfig.describe)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"M{s[0]}-N{s[1]}-K{s[2]}-{s[3]}")
+def test_fused_gemv_paths_match_reference(
+    monkeypatch: pytest.MonkeyPatch, op: str, config: GemmConfig, shape: tuple
+) -> None:
+    m, n, k, dtype = shape
+    monkeypatch.setitem(gemm.CONFIGS, (gemm.m_bucket(m), n, k), config)
+    spec = registry.get(op)
+    case = spec.build({**spec.typical, "m": m, "n": n, "k": k, "dtype": dtype}, DEVICE)
+    result = check(spec, case)
+    assert result.passed, result.describe()
+
+
+def test_prefill_sizes_run_composed_through_one_reused_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """M > 4 runs norm then GEMM; the intermediate is allocated once (graph-safe after warm-up)."""
+    monkeypatch.setattr(fused_linear, "_scratch", {})
+    spec = registry.get("add_rms_norm_linear")
+    case = spec.build({**spec.typical, "m": 9}, DEVICE)
+    assert gemm.table_config(9, 65, 129).kernel == "tiled"
+    for _ in range(2):
+        result = check(spec, case)
+        assert result.passed, result.describe()
+    assert [tuple(t.shape) for t in fused_linear._scratch.values()] == [(9, 129)]
+
+
+def test_norm_prologue_walks_rows_longer_than_its_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gemm, "MAX_NORM_BLOCK", 32)
+    monkeypatch.setitem(gemm.CONFIGS, (1, 65, 129), GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2))
+    spec = registry.get("add_rms_norm_linear")
+    result = check(spec, spec.build({**spec.typical, "m": 1}, DEVICE))
+    assert result.passed, result.describe()

@@ -1,0 +1,212 @@
+"""Cases for ``add_rms_norm_linear`` and ``silu_mul_linear``: the GEMM cases (M = 1/2/3 on the
+fused gemv path, larger M on the composed path, N and K tails, weight views, bias) with the
+fused op's own inputs as the model passes them: x and the residual as row views, gate and up
+as the two halves of the fused gate/up output, norm weights of ones or near-ones, eps."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
+from verify.limits import Limits
+from verify.strategies.common import Invalid, common, labels_for, replace
+from verify.strategies.gemm import MODEL_PROJECTIONS, W_LAYOUTS, fits_dtype, m_sizes, weight_tensor
+
+ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
+GATE_UP_LAYOUTS = ("fused", "separate", "column_slice")
+
+
+def _rows(m: int, k: int, layout: str, dtype: torch.dtype, dist: str, gen, device) -> torch.Tensor:
+    if layout == "column_slice":  # columns 3..3+K of a wider buffer: strided rows, unaligned start
+        return values((m, k + 8), dtype, dist, gen, device)[:, 3 : 3 + k]
+    return values((m, k), dtype, dist, gen, device)
+
+
+def _shape_fields(limits: Limits) -> dict:
+    return {
+        "m": m_sizes(limits),
+        "n": size(limits.gemm, AWKWARD),
+        "k": size(limits.gemm, AWKWARD),
+        "w_layout": st.sampled_from(W_LAYOUTS),
+        **common(),
+    }
+
+
+def _labels(params: dict, *layouts: str) -> list[str]:
+    out = labels_for(params, M=params["m"], N=params["n"], K=params["k"])
+    out.append("fused gemv" if params["m"] <= 4 else "composed (M > 4)")
+    out += [f"weight {params['w_layout']}", *layouts]
+    if params["w_layout"] != "contiguous" or any("slice" in layout for layout in layouts):
+        out.append("non-contiguous")
+    return out
+
+
+# ---- add_rms_norm_linear -----------------------------------------------------------------------
+
+
+def add_rms_norm_linear_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries(
+        {
+            **_shape_fields(limits),
+            "bias": st.booleans(),
+            "x_layout": st.sampled_from(ROW_LAYOUTS),
+            "residual_layout": st.sampled_from(ROW_LAYOUTS),
+            "norm_weight": st.sampled_from(["normal", "ones"]),
+            "eps": st.sampled_from([1e-6, 1e-5]),
+        }
+    )
+
+
+def add_rms_norm_linear_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    m, n, k, dtype = params["m"], params["n"], params["k"], dtype_of(params)
+    x = _rows(m, k, params["x_layout"], dtype, params["dist"], gen, device)
+    residual = _rows(m, k, params["residual_layout"], dtype, "normal", gen, device)
+    if params["norm_weight"] == "ones":
+        norm_weight = torch.ones(k, dtype=dtype, device=device)
+    else:
+        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen, device=device)).to(dtype)
+    weight = weight_tensor(params, gen, device)
+    bias = values((n,), dtype, "normal", gen, device) if params["bias"] else None
+    labels = _labels(params, f"x {params['x_layout']}", f"residual {params['residual_layout']}")
+    labels.append("bias" if params["bias"] else "no bias")
+    return Case(params, (x, residual, norm_weight, params["eps"], weight, bias), labels=tuple(labels))
+
+
+def _norm_example(name: str, m: int, n: int, k: int, **extra: object) -> dict:
+    base = {
+        "m": m,
+        "n": n,
+        "k": k,
+        "w_layout": "contiguous",
+        "bias": False,
+        "x_layout": "contiguous",
+        "residual_layout": "contiguous",
+        "norm_weight": "normal",
+        "eps": 1e-6,
+        "dtype": "bfloat16",
+        "dist": "normal",
+        "seed": 0,
+    }
+    return {"name": name, **base, **extra}
+
+
+def _norm_projection_examples() -> tuple[dict, ...]:
+    """The projections that follow a norm (QKV, gate/up) of the three configs, decode and prefill."""
+    seen: set[tuple[int, int, bool]] = set()
+    out = []
+    for preset, projs in MODEL_PROJECTIONS.items():
+        for p in projs:
+            if p.name not in ("qkv_proj", "gate_up_proj") or (p.n, p.k, p.bias) in seen:
+                continue
+            seen.add((p.n, p.k, p.bias))
+            for m in (1, 256):
+                name = f"{preset} {p.name} M={m} (N={p.n}, K={p.k}{', bias' if p.bias else ''})"
+                out.append(_norm_example(name, m, p.n, p.k, bias=p.bias))
+    return tuple(out)
+
+
+ADD_RMS_NORM_LINEAR_EXAMPLES = (
+    _norm_example(
+        "typical: 3 x 129 rows, residual slice, bias, weight row slice",
+        3,
+        65,
+        129,
+        bias=True,
+        x_layout="column_slice",
+        w_layout="row_slice",
+        gpu=False,
+    ),
+    *_norm_projection_examples(),
+    _norm_example("split-K gemv: N=64, K=4000 (K tail), large values", 1, 64, 4000, dist="large"),
+    _norm_example(
+        "batch decode M=4, N=1536, K=1024, residual slice", 4, 1536, 1024, residual_layout="column_slice"
+    ),
+    _norm_example("fp32 M=2, N=1000, K=1000, bias", 2, 1000, 1000, dtype="float32", bias=True),
+    _norm_example("tiny values: eps dominates (M=1, K=896)", 1, 128, 896, dist="tiny", eps=1e-5, gpu=False),
+)
+
+ADD_RMS_NORM_LINEAR_INVALID = (
+    Invalid("residual of another shape", "residual", replace("residual", lambda r: r[:, :-1])),
+    Invalid("residual dtype differs from x", "residual", replace("residual", lambda r: r.float()), TypeError),
+    Invalid("norm_weight of the wrong length", "norm_weight", replace("norm_weight", lambda w: w[:-1])),
+    Invalid("negative eps", "eps", replace("eps", lambda e: -e)),
+    Invalid("weight K differs from x's", "weight", replace("weight", lambda w: w[:, :-1])),
+    Invalid("bias of the wrong length", "bias", replace("bias", lambda b: b[:-1])),
+    Invalid("3-d x", "x", replace("x", lambda x: x[None])),
+    Invalid("x with a strided last dim", "x", replace("x", lambda x: x.new_empty(x.shape[::-1]).T)),
+)
+
+
+# ---- silu_mul_linear ---------------------------------------------------------------------------
+
+
+def silu_mul_linear_params(limits: Limits) -> st.SearchStrategy[dict]:
+    fields = {**_shape_fields(limits), "gate_up": st.sampled_from(GATE_UP_LAYOUTS)}
+    return st.fixed_dictionaries(fields).filter(fits_dtype)
+
+
+def silu_mul_linear_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    m, k, dtype, dist = params["m"], params["k"], dtype_of(params), params["dist"]
+    layout = params["gate_up"]
+    if layout == "fused":  # the model's layout: [gate | up] halves of one [M, 2K] GEMM output
+        both = values((m, 2 * k), dtype, dist, gen, device)
+        gate, up = both[:, :k], both[:, k:]
+    else:
+        gate = _rows(m, k, layout if layout != "separate" else "contiguous", dtype, dist, gen, device)
+        up = _rows(m, k, layout if layout != "separate" else "contiguous", dtype, dist, gen, device)
+    weight = weight_tensor(params, gen, device)
+    return Case(params, (gate, up, weight), labels=tuple(_labels(params, f"gate/up {layout}")))
+
+
+def _silu_example(name: str, m: int, n: int, k: int, **extra: object) -> dict:
+    base = {
+        "m": m,
+        "n": n,
+        "k": k,
+        "w_layout": "contiguous",
+        "gate_up": "fused",
+        "dtype": "bfloat16",
+        "dist": "normal",
+        "seed": 0,
+    }
+    return {"name": name, **base, **extra}
+
+
+def _down_projection_examples() -> tuple[dict, ...]:
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for preset, projs in MODEL_PROJECTIONS.items():
+        for p in projs:
+            if p.name != "down_proj" or (p.n, p.k) in seen:
+                continue
+            seen.add((p.n, p.k))
+            for m in (1, 256):
+                out.append(_silu_example(f"{preset} down_proj M={m} (N={p.n}, K={p.k})", m, p.n, p.k))
+    return tuple(out)
+
+
+SILU_MUL_LINEAR_EXAMPLES = (
+    _silu_example(
+        "typical: 3 x 129 halves of a fused buffer, weight row slice",
+        3,
+        65,
+        129,
+        w_layout="row_slice",
+        gpu=False,
+    ),
+    *_down_projection_examples(),
+    _silu_example("split-K gemv with a K tail (M=1, N=1024, K=4000)", 1, 1024, 4000),
+    _silu_example("batch decode M=3, K=4863, gate/up column slices", 3, 1024, 4863, gate_up="column_slice"),
+    _silu_example("large gate values (silu ~ identity, ~ 0)", 1, 896, 4864, dist="large"),
+)
+
+SILU_MUL_LINEAR_INVALID = (
+    Invalid("up of another shape", "up", replace("up", lambda u: u[:, :-1])),
+    Invalid("up dtype differs from gate", "up", replace("up", lambda u: u.float()), TypeError),
+    Invalid("weight K differs from gate's", "weight", replace("weight", lambda w: w[:, :-1])),
+    Invalid("weight given as [K, N]", "weight", replace("weight", lambda w: w.T.contiguous())),
+    Invalid("1-d gate", "gate", replace("gate", lambda g: g[0])),
+)
