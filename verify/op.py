@@ -34,10 +34,14 @@ def _list_ops() -> int:
     import registry
     from verify.tolerances import rule
 
-    print(f"{'op':<16} {'article ops':<18} {'rule':<16} mutates")
-    for spec in registry.all():
-        ops = ", ".join(str(o) for o in spec.article_ops)
-        print(f"{spec.name:<16} {ops:<18} {rule(spec.tolerance):<16} {', '.join(spec.mutates) or '-'}")
+    specs = registry.all()
+    rows = [
+        (s.name, ", ".join(str(o) for o in s.article_ops), rule(s.tolerance), ", ".join(s.mutates) or "-")
+        for s in specs
+    ]
+    widths = [max(len(r[i]) for r in [("op", "article ops", "rule", "mutates"), *rows]) for i in range(3)]
+    for name, ops, kind, mutates in [("op", "article ops", "rule", "mutates"), *rows]:
+        print(f"{name:<{widths[0]}}  {ops:<{widths[1]}}  {kind:<{widths[2]}}  {mutates}")
     return 0
 
 
