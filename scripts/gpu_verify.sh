@@ -2,7 +2,7 @@
 # Everything the GPU must confirm, in one device call (device time is scarce): the test suite
 # on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
 # article preset, then the model benchmark. Logs go to $OUT (default ./out).
-# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode attention
+# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
@@ -36,6 +36,10 @@ for stage in $stages; do
             --json "$OUT/gemm-decode.json" ;;
         sweep-decode) run sweep-decode 200 python -m verify.bench gemm --sweep --preset all --phase decode \
             --json "$OUT/sweep-decode.json" ;;
+        # 500 drawn cases per op (each op is one test: -n spreads the ops, not the cases); -x so
+        # the first failure is printed in full before any time limit cuts the log
+        thorough) run thorough 550 env HYPOTHESIS_PROFILE=thorough python -m pytest -n 16 -x -q -p no:cacheprovider \
+            tests/test_ops.py -k test_matches_reference ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
