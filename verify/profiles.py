@@ -9,16 +9,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 DATABASE = Path(__file__).resolve().parent.parent / ".cache" / "hypothesis"
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+# Hypothesis's explain phase reruns a shrunk failure under a tracer to list the lines only
+# failing runs reach: minutes on interpreted kernels, for lines our report already names.
+_PHASES = [phase for phase in Phase if phase != Phase.explain]
 
 
 def register() -> None:
     db = DirectoryBasedExampleDatabase(str(DATABASE))
-    common = {"deadline": None, "suppress_health_check": _SLOW_OK, "print_blob": True}
+    common = {"deadline": None, "suppress_health_check": _SLOW_OK, "print_blob": True, "phases": _PHASES}
     settings.register_profile("ci", max_examples=20, derandomize=True, database=None, **common)
     settings.register_profile("gpu", max_examples=30, database=db, **common)
     settings.register_profile("thorough", max_examples=500, database=db, **common)
