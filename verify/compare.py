@@ -5,8 +5,8 @@ What it catches, whatever the op: wrong dtype, shape, device or layout of an out
 out of tolerance; NaN/Inf where the reference is finite; a missing or extra output; writes to
 inputs the op must not touch (compared bitwise, whole underlying buffer); in-place buffers
 compared whole (pre-filled with random data by the case builders), so stray writes show;
-output left unwritten (the implementation runs first, on memory poisoned with NaN, before
-the reference has produced any right answer the allocator could hand back).
+output left unwritten (every tensor the implementation allocates starts as NaN, whatever the
+allocator's recycled memory held: on CPU that was often the right answer from the last run).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from references.precision import computing_in, oracle
 from verify.cases import Case, dtype_of
@@ -116,23 +117,26 @@ def _buffer_bytes(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-def poison_allocator(device: torch.device, sizes: list[int]) -> None:
-    """Leave NaN bytes in the memory the allocator will hand out next.
+class PoisonNewTensors(TorchDispatchMode):
+    """Every tensor allocated inside comes filled with 0xFF bytes (NaN in bf16/fp16/fp32, -1 as
+    an integer), so an output element the implementation never writes shows up as NaN instead
+    of whatever the allocator's reused memory held (often the right answer from the last run)."""
 
-    CUDA: the caching allocator keeps small (<= 1 MiB) and large blocks in separate pools, so
-    both are filled. CPU: malloc hands a just-freed chunk of the same size back first, so
-    chunks the size of each input (outputs are mostly input-sized) are filled and freed.
-    """
-    if device.type == "cuda":
-        blocks = [torch.full((1 << 20,), POISON_BYTE, dtype=torch.uint8, device=device) for _ in range(8)]
-        blocks.append(
-            torch.full((max(2 * sum(sizes), 1 << 22),), POISON_BYTE, dtype=torch.uint8, device=device)
-        )
-    else:
-        blocks = [
-            torch.full((n,), POISON_BYTE, dtype=torch.uint8, device=device) for n in sizes for _ in range(2)
-        ]
-    del blocks
+    ALLOCATORS = frozenset(
+        {
+            torch.ops.aten.empty.memory_format,
+            torch.ops.aten.empty_like.default,
+            torch.ops.aten.empty_strided.default,
+            torch.ops.aten.new_empty.default,
+            torch.ops.aten.new_empty_strided.default,
+        }
+    )
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.ALLOCATORS and out.numel():
+            _buffer_bytes(out).fill_(POISON_BYTE)
+        return out
 
 
 def named_outputs(result: Any) -> list[tuple[str, Any]]:
@@ -317,15 +321,14 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     result = CheckResult(spec.name, case, True, repro=repro_command(spec.name, case, impl_label))
 
     args, kwargs = clone_args(case)
-    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     untouched = {
         n: _buffer_bytes(a).clone()
         for n, a in zip(names, args, strict=False)
         if isinstance(a, torch.Tensor) and n not in spec.mutates
     }
-    poison_allocator(device, [a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor)])
     try:
-        impl_out = named_outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
+        with PoisonNewTensors():
+            impl_out = named_outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
     except Exception as exc:  # the verdict must say what the implementation raised
         result.passed = False
         result.error = f"implementation raised {type(exc).__name__}: {exc}\n" + "".join(
