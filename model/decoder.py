@@ -62,6 +62,7 @@ FUSIONS = {
     "rope_kv_store": ("rms_norm", "apply_rope", "kv_cache_store"),
     "silu_mul_linear": ("silu_mul", "linear"),
 }
+FUSED_PARTS = frozenset(part for parts in FUSIONS.values() for part in parts)
 MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, lm_head
 
 
@@ -127,7 +128,7 @@ class Decoder:
             raise KeyError(f"unknown op {op!r}; the decoder calls {', '.join(OPS)}")
         if op in FUSIONS and not self.fused:
             raise ValueError(f"{op} is a fused op: this decoder runs unfused (fused=False), never calling it")
-        if self.fused and any(op in parts for parts in FUSIONS.values()):
+        if self.fused and op in FUSED_PARTS:
             raise ValueError(
                 f"{op} runs inside a fused op in this decoder (fused=True): build it with fused=False"
             )

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ops import backend, validate
+from ops import scratch as buffers
 
 PATHS = ("auto", "prefill", "decode")
 DECODE_MAX_ROWS = 64  # query rows (new tokens x q heads per kv head) one decode program holds
@@ -360,18 +361,13 @@ def decode_scratch(
     )
 
 
-_SCRATCH: dict[tuple, DecodeScratch] = {}
-
-
 def _cached_scratch(q: torch.Tensor, k_cache: torch.Tensor, config: DecodeConfig) -> DecodeScratch:
-    """One scratch per shape, allocated on first use and then reused, never freed: a captured
-    graph may still write to it. Callers that pass ``out`` only (the model's static buffers)
-    thus allocate nothing after a warm-up call. One stream at a time, like the model."""
+    """One scratch per shape (``ops.scratch``): callers that pass ``out`` only (the model's
+    static buffers) thus allocate nothing after a warm-up call."""
     splits, _ = decode_splits(q.shape[0], k_cache.shape[2], k_cache.shape[1], config)
-    key = (q.device, *q.shape, splits)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = decode_scratch(q, k_cache, config)
-    return _SCRATCH[key]
+    return buffers.cached(
+        "attention decode", (q.device, *q.shape, splits), lambda: decode_scratch(q, k_cache, config)
+    )
 
 
 def uses_decode_path(new_tokens: int, group: int) -> bool:

@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import torch
 
-from ops import elementwise, gemm, norm, validate
-
-# Intermediates of the composed (M > 4) path, one per (device, shape, dtype), made on first
-# use (the warm-up before any capture) and reused, as gemm's split-K workspace is.
-_scratch: dict[tuple, torch.Tensor] = {}
+from ops import elementwise, gemm, norm, scratch, validate
 
 
 def _intermediate(shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
-    key = (like.device, shape, like.dtype)
-    if key not in _scratch:
-        _scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return _scratch[key]
+    """The composed (M > 4) path's normalized or SwiGLU rows (see ``ops.scratch``)."""
+    return scratch.cached(
+        "fused intermediate",
+        (like.device, shape, like.dtype),
+        lambda: torch.empty(shape, dtype=like.dtype, device=like.device),
+    )
 
 
 def _fused_config(m: int, n: int, k: int) -> gemm.GemmConfig | None:

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import validate
+from ops import scratch, validate
 
 KERNELS = ("gemv", "tiled")
 GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
@@ -471,17 +471,13 @@ class Prologue:
     total: torch.Tensor | None = None
 
 
-# linear's split-K partials when the caller passes none: one buffer per (device, shape), made on
-# first use -- the warm-up before CUDA Graph capture -- and never freed, so a captured graph's
-# buffer stays valid. Launches on one stream run in order, so all calls of a shape share it.
-_workspaces: dict[tuple[torch.device, int, int, int], torch.Tensor] = {}
-
-
 def workspace(split: int, m: int, n: int, device: torch.device) -> torch.Tensor:
-    key = (device, split, m, n)
-    if key not in _workspaces:
-        _workspaces[key] = torch.empty((split, m, n), dtype=torch.float32, device=device)
-    return _workspaces[key]
+    """linear's split-K partials when the caller passes none (see ``ops.scratch``)."""
+    return scratch.cached(
+        "linear partials",
+        (device, split, m, n),
+        lambda: torch.empty((split, m, n), dtype=torch.float32, device=device),
+    )
 
 
 def check_operands(

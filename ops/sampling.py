@@ -5,7 +5,7 @@ on the H200, as long as the whole lm_head GEMM), so the row is cut into chunks: 
 per chunk finds the chunk's best value, the lowest index holding it and its first NaN, and a
 second small kernel picks among the chunks, lowest chunk first. NaN counts as the maximum
 (the first NaN wins), ties go to the lowest index. The per-chunk partials live in a scratch
-buffer made on first use per shape (before any CUDA Graph capture) and reused after.
+buffer made on first use per shape (``ops.scratch``) and reused after.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import backend, validate
+from ops import backend, scratch, validate
 
 BLOCK_V = 2048  # one chunk: 75 programs for the 151936-wide vocabulary
 INTERPRETER_BLOCK_V = 256  # small chunks on CPU, so the tests' vocabularies span many of them
@@ -50,20 +50,19 @@ def _argmax_pick_kernel(val_ptr, idx_ptr, nan_ptr, out_ptr, V, CHUNKS, BLOCK_C: 
     tl.store(out_ptr + row, tl.where(first_nan < V, first_nan, best_idx))
 
 
-_scratch: dict[tuple[torch.device, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-
 def _partials(
     device: torch.device, batch: int, chunks: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    key = (device, batch, chunks)
-    if key not in _scratch:
-        _scratch[key] = (
+    """Per-chunk best value, its index and the first NaN's index (see ``ops.scratch``)."""
+    return scratch.cached(
+        "argmax partials",
+        (device, batch, chunks),
+        lambda: (
             torch.empty((batch, chunks), dtype=torch.float32, device=device),
             torch.empty((batch, chunks), dtype=torch.int64, device=device),
             torch.empty((batch, chunks), dtype=torch.int64, device=device),
-        )
-    return _scratch[key]
+        ),
+    )
 
 
 def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

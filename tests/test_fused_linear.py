@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import registry
-from ops import backend, fused_linear, gemm
+from ops import backend, gemm, scratch
 from ops.gemm import GemmConfig
 from verify.compare import check
 
@@ -42,14 +42,14 @@ def test_fused_gemv_paths_match_reference(
 
 def test_prefill_sizes_run_composed_through_one_reused_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
     """M > 4 runs norm then GEMM; the intermediate is allocated once (graph-safe after warm-up)."""
-    monkeypatch.setattr(fused_linear, "_scratch", {})
+    monkeypatch.setattr(scratch, "_buffers", {})
     spec = registry.get("add_rms_norm_linear")
     case = spec.build({**spec.typical, "m": 9}, DEVICE)
     assert gemm.table_config(9, 65, 129).kernel == "tiled"
     for _ in range(2):
         result = check(spec, case)
         assert result.passed, result.describe()
-    assert [tuple(t.shape) for t in fused_linear._scratch.values()] == [(9, 129)]
+    assert [tuple(t.shape) for t in scratch.held("fused intermediate")] == [(9, 129)]
 
 
 def test_norm_prologue_walks_rows_longer_than_its_block(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import registry
-from ops import backend, gemm
+from ops import backend, gemm, scratch
 from ops.gemm import GemmConfig
 from verify.compare import check
 from verify.strategies.gemm import MODEL_PROJECTIONS
@@ -104,12 +104,12 @@ def test_preallocated_partials_are_used() -> None:
 
 def test_linear_without_partials_reuses_one_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(gemm.CONFIGS, (1, 65, 129), GemmConfig("gemv", 1, 8, 32, split_k=3))
-    monkeypatch.setattr(gemm, "_workspaces", {})
+    monkeypatch.setattr(scratch, "_buffers", {})
     case = _linear_case(1, 65, 129, bias=True)
     for _ in range(2):
         result = check(LINEAR, case)
         assert result.passed, result.describe()
-    assert [tuple(t.shape) for t in gemm._workspaces.values()] == [(3, 1, 65)]
+    assert [tuple(t.shape) for t in scratch.held("linear partials")] == [(3, 1, 65)]
 
 
 def test_linear_follows_the_table_and_uses_its_partials(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import registry
 from model import config as model_config
 from model import reference, triton_model
 from model import weights as model_weights
-from model.decoder import FUSIONS, OPS, Decoder
+from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
 
 
@@ -120,15 +120,14 @@ def load(
 
 def decoder_fused(injections: list[Injection]) -> bool:
     """Fused ops unless an injection swaps one of their parts (then both models run the parts)."""
-    parts = {part for ops in FUSIONS.values() for part in ops}
     swapped = {inj.op for inj in injections}
-    if swapped & parts and swapped & set(FUSIONS):
+    if swapped & FUSED_PARTS and swapped & set(FUSIONS):
         raise UsageError(
             f"--inject: {', '.join(sorted(swapped & set(FUSIONS)))} is a fused op and "
-            f"{', '.join(sorted(swapped & parts))} one of the ops fused ops stand for; the decoder "
+            f"{', '.join(sorted(swapped & FUSED_PARTS))} one of the ops fused ops stand for; the decoder "
             "runs either the fused ops or their parts, so inject one kind"
         )
-    return not swapped & parts
+    return not swapped & FUSED_PARTS
 
 
 def describe_ops(models: Models) -> str:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, replace
-from verify.strategies.gemm import MODEL_PROJECTIONS, W_LAYOUTS, fits_dtype, m_sizes, weight_tensor
+from verify.strategies.gemm import W_LAYOUTS, distinct_projections, fits_dtype, m_sizes, weight_tensor
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
 GATE_UP_LAYOUTS = ("fused", "separate", "column_slice")
@@ -94,17 +94,17 @@ def _norm_example(name: str, m: int, n: int, k: int, **extra: object) -> dict:
 
 def _norm_projection_examples() -> tuple[dict, ...]:
     """The projections that follow a norm (QKV, gate/up) of the three configs, decode and prefill."""
-    seen: set[tuple[int, int, bool]] = set()
-    out = []
-    for preset, projs in MODEL_PROJECTIONS.items():
-        for p in projs:
-            if p.name not in ("qkv_proj", "gate_up_proj") or (p.n, p.k, p.bias) in seen:
-                continue
-            seen.add((p.n, p.k, p.bias))
-            for m in (1, 256):
-                name = f"{preset} {p.name} M={m} (N={p.n}, K={p.k}{', bias' if p.bias else ''})"
-                out.append(_norm_example(name, m, p.n, p.k, bias=p.bias))
-    return tuple(out)
+    return tuple(
+        _norm_example(
+            f"{preset} {p.name} M={m} (N={p.n}, K={p.k}{', bias' if p.bias else ''})",
+            m,
+            p.n,
+            p.k,
+            bias=p.bias,
+        )
+        for preset, p in distinct_projections(("qkv_proj", "gate_up_proj"))
+        for m in (1, 256)
+    )
 
 
 ADD_RMS_NORM_LINEAR_EXAMPLES = (
@@ -176,16 +176,11 @@ def _silu_example(name: str, m: int, n: int, k: int, **extra: object) -> dict:
 
 
 def _down_projection_examples() -> tuple[dict, ...]:
-    seen: set[tuple[int, int]] = set()
-    out = []
-    for preset, projs in MODEL_PROJECTIONS.items():
-        for p in projs:
-            if p.name != "down_proj" or (p.n, p.k) in seen:
-                continue
-            seen.add((p.n, p.k))
-            for m in (1, 256):
-                out.append(_silu_example(f"{preset} down_proj M={m} (N={p.n}, K={p.k})", m, p.n, p.k))
-    return tuple(out)
+    return tuple(
+        _silu_example(f"{preset} down_proj M={m} (N={p.n}, K={p.k})", m, p.n, p.k)
+        for preset, p in distinct_projections(("down_proj",))
+        for m in (1, 256)
+    )
 
 
 SILU_MUL_LINEAR_EXAMPLES = (

@@ -143,19 +143,32 @@ def _splitk_example(name: str, m: int, n: int, k: int, split_k: int, **extra: ob
     return example
 
 
-def _projection_examples() -> tuple[dict, ...]:
-    """Every distinct projection shape of the three configs, at decode (M=1) and prefill (M=256)."""
+def distinct_projections(names: tuple[str, ...] | None = None) -> list[tuple[str, Projection]]:
+    """``(preset, projection)`` for every distinct shape (N, K, bias) of the three configs, in
+    preset order, optionally only the projections with these names."""
     seen: set[tuple[int, int, bool]] = set()
     out = []
     for preset, projs in MODEL_PROJECTIONS.items():
         for p in projs:
-            if (p.n, p.k, p.bias) in seen:
-                continue
-            seen.add((p.n, p.k, p.bias))
-            for m, phase in ((1, "decode"), (256, "prefill")):
-                name = f"{preset} {p.name} {phase} (M={m}, N={p.n}, K={p.k}{', bias' if p.bias else ''})"
-                out.append(_example(name, m, p.n, p.k, bias=p.bias))
-    return tuple(out)
+            if (names is None or p.name in names) and (p.n, p.k, p.bias) not in seen:
+                seen.add((p.n, p.k, p.bias))
+                out.append((preset, p))
+    return out
+
+
+def _projection_examples() -> tuple[dict, ...]:
+    """Every distinct projection shape of the three configs, at decode (M=1) and prefill (M=256)."""
+    return tuple(
+        _example(
+            f"{preset} {p.name} {phase} (M={m}, N={p.n}, K={p.k}{', bias' if p.bias else ''})",
+            m,
+            p.n,
+            p.k,
+            bias=p.bias,
+        )
+        for preset, p in distinct_projections()
+        for m, phase in ((1, "decode"), (256, "prefill"))
+    )
 
 
 LINEAR_EXAMPLES = (
