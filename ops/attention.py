@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import backend, validate
+from ops import backend, pdl, validate
 from ops import scratch as buffers
 
 PATHS = ("auto", "prefill", "decode")
@@ -145,7 +145,10 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     # Causal blocks late in the sequence do the most work: launch them first.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -201,6 +204,7 @@ def _decode_split_kernel(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
+    o_ptr,
     qk_scale,
     S,
     L,
@@ -216,7 +220,13 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    """One split of the cache rows for one kv group: its softmax partials, or with ``DIRECT``
+    (a single split) the normalized output itself, so no combine launch follows."""
+    pdl.release(PDL)
+    pdl.wait(PDL)
     split = tl.program_id(0)
     bk = tl.program_id(1)
     b = (bk // HKV).to(tl.int64)
@@ -259,12 +269,18 @@ def _decode_split_kernel(
             stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
         )  # fmt: skip
 
-    # An empty split (past seq_len, or before a query's position) leaves m = -inf, l = 0 and
-    # acc = 0: a neutral partial, written like any other so no stale scratch is ever read.
-    part_rows = ((b * S + i) * HQ + h) * SPLITS + split
-    tl.store(part_acc_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
-    tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
-    tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
+    out_rows = (b * S + i) * HQ + h
+    if DIRECT:  # a row that saw no key (l = 0, acc = 0) outputs 0, as the combine would
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptrs = o_ptr + out_rows[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # An empty split (past seq_len, or before a query's position) leaves m = -inf, l = 0 and
+        # acc = 0: a neutral partial, written like any other so no stale scratch is ever read.
+        part_rows = out_rows * SPLITS + split
+        tl.store(part_acc_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
+        tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -277,8 +293,11 @@ def _decode_combine_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One output row: each split's (max, sum, acc) rescaled by ``2^(m - max m)``, summed, divided."""
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)  # (b, i, h) in the output's row order
     splits = tl.arange(0, BLOCK_SPLITS)
     m = tl.max(tl.load(part_max_ptr + row * SPLITS + splits, mask=splits < SPLITS, other=float("-inf")), 0)
@@ -437,6 +456,7 @@ def launch_prefill(
         q.stride(0), q.stride(1), q.stride(2),
         GROUP=q_heads // kv_heads, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         DOT_PRECISION=_dot_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -450,22 +470,26 @@ def launch_decode(
     scratch: DecodeScratch,
     config: DecodeConfig,
 ) -> None:
-    """Launch the split and combine kernels on checked arguments, ``scratch`` sized for ``config``."""
+    """Launch the split and combine kernels on checked arguments, ``scratch`` sized for ``config``
+    (the split kernel alone, writing ``o``, when the cache is one split)."""
     batch, seq, q_heads, dim = q.shape
     _, capacity, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
     splits, split_size = decode_splits(batch, kv_heads, capacity, config)
     _decode_split_kernel[(splits, batch * kv_heads)](
-        q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, scale * LOG2E, seq, capacity,
-        q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
+        q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, o, scale * LOG2E, seq,
+        capacity, q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(seq * group)),
-        BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype), DIRECT=splits == 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl.launch_options(),
     )  # fmt: skip
+    if splits == 1:
+        return
     _decode_combine_kernel[(batch * seq * q_heads,)](
         scratch.acc, scratch.max, scratch.sum, o, splits, HEAD_DIM=dim,
         BLOCK_SPLITS=max(16, triton.next_power_of_2(splits)), CHUNK=16,
-        num_warps=4 if dim >= 128 else 2,
+        num_warps=4 if dim >= 128 else 2, **pdl.launch_options(),
     )  # fmt: skip
 
 

@@ -10,15 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import validate
+from ops import pdl, validate
 
 BLOCK_N = 1024
 
 
 @triton.jit
 def _binary_rows_kernel(
-    a_ptr, b_ptr, out_ptr, stride_a, stride_b, N, OP: tl.constexpr, BLOCK_N: tl.constexpr
+    a_ptr, b_ptr, out_ptr, stride_a, stride_b, N, OP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -46,7 +48,15 @@ def _binary_rows(
         return result
     grid = (rows, triton.cdiv(n, BLOCK_N))
     _binary_rows_kernel[grid](
-        a_rows, b_rows, result, a_rows.stride(0), b_rows.stride(0), n, OP=op, BLOCK_N=BLOCK_N
+        a_rows,
+        b_rows,
+        result,
+        a_rows.stride(0),
+        b_rows.stride(0),
+        n,
+        OP=op,
+        BLOCK_N=BLOCK_N,
+        **pdl.launch_options(),
     )
     return result
 

@@ -11,15 +11,27 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import validate
+from ops import pdl, validate
 
 BLOCK_H = 1024
 
 
 @triton.jit
 def _embedding_kernel(
-    ids_ptr, table_ptr, out_ptr, S, stride_ib, stride_is, stride_t, V, H, BLOCK_H: tl.constexpr
+    ids_ptr,
+    table_ptr,
+    out_ptr,
+    S,
+    stride_ib,
+    stride_is,
+    stride_t,
+    V,
+    H,
+    BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0)
     b = token // S
     s = token % S
@@ -44,6 +56,16 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
         return result
     grid = (batch * seq, triton.cdiv(hidden, BLOCK_H))
     _embedding_kernel[grid](
-        ids, table, result, seq, ids.stride(0), ids.stride(1), table.stride(0), vocab, hidden, BLOCK_H=BLOCK_H
+        ids,
+        table,
+        result,
+        seq,
+        ids.stride(0),
+        ids.stride(1),
+        table.stride(0),
+        vocab,
+        hidden,
+        BLOCK_H=BLOCK_H,
+        **pdl.launch_options(),
     )
     return result

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import scratch, validate
+from ops import pdl, scratch, validate
 
 KERNELS = ("gemv", "tiled")
 GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
@@ -68,8 +68,10 @@ def _tiled_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``out[split] = x[:, K range of split] @ weight[:, same range].T``, plus bias when not split."""
+    pdl.release(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     # Grouped order: GROUP_M consecutive programs share a weight strip while it sits in L2.
@@ -92,6 +94,7 @@ def _tiled_kernel(
     k_base = k_start.to(tl.int64)
     x_ptrs = x_ptr + k_base * stride_xk + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + k_base * stride_wk + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    pdl.wait(PDL)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, k_len, BLOCK_K):
@@ -198,6 +201,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
     ONE_STEP: tl.constexpr = False,
     NORM_BLOCK: tl.constexpr = 1024,
 ):
@@ -221,6 +225,7 @@ def _gemv_kernel(
     x_ptrs = x_ptr + k_base * stride_xk + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + k_base * stride_wk + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
     a_ptrs = a_ptr + k_base * stride_ak + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    pdl.wait(PDL)
     if PROLOGUE == "add_rms_norm":  # the norm needs the whole row, not just this split's K range
         if ONE_STEP:  # all of K arrives in the single chunk: the rms is taken there
             inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -258,6 +263,7 @@ def _gemv_kernel(
             acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
             k_len - k_full, K, eps, PROLOGUE, True, BLOCK_M, ONE_STEP,
         )  # fmt: skip
+    pdl.release(PDL)  # after the stream, not before: see ops.pdl
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=2)
 
@@ -279,11 +285,14 @@ def _splitk_reduce_kernel(
     HAS_BIAS: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``out[m] = sum_s partials[s, m] (+ bias)`` in fp32, split 0 first, rounded once.
 
     The splits are unrolled so every load is issued before the first add waits on one.
     """
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -370,18 +379,18 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
     # 2026-11-29 (each config checked against torch before it was timed; M=1 timed as graph
     # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's. The article
-    # decode shapes were re-swept after the gemv loop stopped masking whole K steps: only
-    # down_proj's pick changed.
+    # decode shapes were re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl,
+    # marked PDL): each launch then overlaps the previous one's tail, as in the decode step.
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
-    (1, 1536, 1024): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.16 us, cuBLAS 5.16 us
+    (1, 1536, 1024): _gemv(4, 1024, 1, 4, 1),  # qkv_proj 2.69 us, cuBLAS 5.26 us (PDL)
     (256, 1536, 1024): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
-    (1, 1024, 1024): _gemv(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
+    (1, 1024, 1024): _gemv(4, 1024, 1, 4, 2),  # o_proj 2.46 us, cuBLAS 7.64 us (PDL)
     (256, 1024, 1024): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
-    (1, 9728, 1024): _gemv(8, 512, 1, 4, 4),  # gate_up_proj 8.33 us, cuBLAS 8.02 us
+    (1, 9728, 1024): _gemv(16, 512, 1, 4, 3),  # gate_up_proj 7.99 us, cuBLAS 8.22 us (PDL)
     (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
-    (1, 1024, 4864): _gemv(2, 512, 1, 4, 4),  # down_proj 5.98 us, cuBLAS 8.17 us
+    (1, 1024, 4864): _gemv(2, 512, 1, 4, 4),  # down_proj 5.56 us, cuBLAS 8.24 us (PDL)
     (256, 1024, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
-    (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
+    (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.28 us, cuBLAS 79.34 us (PDL)
     (256, 151936, 1024): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
     # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
     (1, 4096, 1024): _gemv(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
@@ -530,6 +539,7 @@ def _reduce(partials: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) 
         HAS_BIAS=bias is not None,
         SPLITS=splits,
         BLOCK_N=REDUCE_BLOCK_N,
+        **pdl.launch_options(),
     )
 
 
@@ -601,6 +611,7 @@ def run(
             BLOCK_K=block_k,
             NUM_STAGES=_fit_stages(config.num_stages, (block_m + block_n) * block_k, x.element_size()),
             num_warps=config.num_warps,
+            **pdl.launch_options(),
         )
     else:
         block_m = max(16, min(config.block_m, triton.next_power_of_2(m)))
@@ -628,6 +639,7 @@ def run(
             GROUP_M=config.group_m,
             num_warps=config.num_warps,
             num_stages=stages,
+            **pdl.launch_options(),
         )
     if partials is not None:
         _reduce(partials, bias, y)

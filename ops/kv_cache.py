@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import validate
+from ops import pdl, validate
 
 
 @triton.jit
@@ -31,7 +31,10 @@ def _kv_cache_store_kernel(
     stride_vs,
     stride_vh,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     b = (token // S).to(tl.int64)
@@ -87,4 +90,5 @@ def kv_cache_store(
         v.stride(1),
         v.stride(2),
         BLOCK_D=triton.next_power_of_2(dim),
+        **pdl.launch_options(),
     )

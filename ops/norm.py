@@ -10,13 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import validate
+from ops import pdl, validate
 
 MAX_N = 32768  # one row lives in registers; larger rows would spill badly
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, R, stride_outer, stride_row, N, eps, BLOCK_N: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, y_ptr, R, stride_outer, stride_row, N, eps, BLOCK_N: tl.constexpr, PDL: tl.constexpr
+):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -30,8 +34,10 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, R, stride_outer, stride_row, N, eps, B
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, y_ptr, sum_ptr, stride_x, stride_r, N, eps, BLOCK_N: tl.constexpr
+    x_ptr, r_ptr, w_ptr, y_ptr, sum_ptr, stride_x, stride_r, N, eps, BLOCK_N: tl.constexpr, PDL: tl.constexpr
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -75,7 +81,17 @@ def rms_norm(
         return y
     block, warps = _launch_config(n)
     _rms_norm_kernel[(outer * per_outer,)](
-        grid, weight, y, per_outer, grid.stride(0), grid.stride(1), n, eps, BLOCK_N=block, num_warps=warps
+        grid,
+        weight,
+        y,
+        per_outer,
+        grid.stride(0),
+        grid.stride(1),
+        n,
+        eps,
+        BLOCK_N=block,
+        num_warps=warps,
+        **pdl.launch_options(),
     )
     return y
 
@@ -114,5 +130,6 @@ def add_rms_norm(
         eps,
         BLOCK_N=block,
         num_warps=warps,
+        **pdl.launch_options(),
     )
     return y, total

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import validate
+from ops import pdl, validate
 
 _inv_freq_cache: dict[tuple[int, float, torch.device], torch.Tensor] = {}
 
@@ -26,8 +26,19 @@ def inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tensor
 
 @triton.jit
 def _rope_cos_sin_kernel(
-    pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, S, stride_pb, stride_ps, HALF, BLOCK_HALF: tl.constexpr
+    pos_ptr,
+    inv_freq_ptr,
+    cos_ptr,
+    sin_ptr,
+    S,
+    stride_pb,
+    stride_ps,
+    HALF,
+    BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0)
     b = token // S
     s = token % S
@@ -71,6 +82,7 @@ def rope_cos_sin(
         positions.stride(1),
         half,
         BLOCK_HALF=triton.next_power_of_2(half),
+        **pdl.launch_options(),
     )
     return cos, sin
 
@@ -94,7 +106,10 @@ def _apply_rope_kernel(
     stride_ss,
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     b = (token // S).to(tl.int64)
@@ -150,5 +165,6 @@ def apply_rope(
         sin.stride(1),
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_REST=triton.next_power_of_2(rest) if rest else 0,
+        **pdl.launch_options(),
     )
     return result

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import validate
+from ops import pdl, validate
 
 
 @triton.jit
@@ -95,7 +95,10 @@ def _rope_kv_store_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     b = (token // S).to(tl.int64)
@@ -231,5 +234,6 @@ def rope_kv_store(
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_REST=triton.next_power_of_2(rest) if rest else 1,  # 1: an always-masked stub
         BLOCK_D=triton.next_power_of_2(dim),
+        **pdl.launch_options(),
     )
     return result

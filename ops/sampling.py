@@ -14,14 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import backend, scratch, validate
+from ops import backend, pdl, scratch, validate
 
 BLOCK_V = 2048  # one chunk: 75 programs for the 151936-wide vocabulary
 INTERPRETER_BLOCK_V = 256  # small chunks on CPU, so the tests' vocabularies span many of them
 
 
 @triton.jit
-def _argmax_chunk_kernel(logits_ptr, val_ptr, idx_ptr, nan_ptr, stride_row, V, CHUNKS, BLOCK_V: tl.constexpr):
+def _argmax_chunk_kernel(
+    logits_ptr, val_ptr, idx_ptr, nan_ptr, stride_row, V, CHUNKS, BLOCK_V: tl.constexpr, PDL: tl.constexpr
+):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -38,7 +42,11 @@ def _argmax_chunk_kernel(logits_ptr, val_ptr, idx_ptr, nan_ptr, stride_row, V, C
 
 
 @triton.jit
-def _argmax_pick_kernel(val_ptr, idx_ptr, nan_ptr, out_ptr, V, CHUNKS, BLOCK_C: tl.constexpr):
+def _argmax_pick_kernel(
+    val_ptr, idx_ptr, nan_ptr, out_ptr, V, CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr
+):
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunks = tl.arange(0, BLOCK_C)
     ok = chunks < CHUNKS
@@ -81,9 +89,16 @@ def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Te
     chunks = triton.cdiv(vocab, block)
     values, indices, nans = _partials(logits.device, batch, chunks)
     _argmax_chunk_kernel[(batch, chunks)](
-        logits, values, indices, nans, logits.stride(0), vocab, chunks, BLOCK_V=block
+        logits, values, indices, nans, logits.stride(0), vocab, chunks, BLOCK_V=block, **pdl.launch_options()
     )
     _argmax_pick_kernel[(batch,)](
-        values, indices, nans, result, vocab, chunks, BLOCK_C=triton.next_power_of_2(chunks)
+        values,
+        indices,
+        nans,
+        result,
+        vocab,
+        chunks,
+        BLOCK_C=triton.next_power_of_2(chunks),
+        **pdl.launch_options(),
     )
     return result

@@ -13,7 +13,7 @@ from model import weights as model_weights
 from model.config import ModelConfig
 from model.generate import check_prompt, generate, prefill
 from model.graph import DecodeRunner
-from ops import backend
+from ops import backend, pdl
 
 DEVICE = backend.device()
 CONFIGS = {
@@ -144,3 +144,35 @@ def test_graph_replay_equals_uncaptured_decode_at_many_lengths() -> None:
         graphed = runner.logits.clone()
         eager = tri.forward(token[:, None], torch.full((1,), position, dtype=torch.int32, device=DEVICE))
         assert torch.equal(graphed, eager), f"position {position}"
+
+
+@pytest.mark.gpu
+def test_dependent_launches_compute_what_plain_launches_compute(monkeypatch) -> None:
+    """With programmatic dependent launch a kernel starts while the one before it finishes; one
+    that read its input before ``pdl.wait`` would race. Greedy graph decode with and without PDL
+    must give the same logits bit for bit at every step."""
+    if not pdl.enabled():
+        pytest.skip("programmatic dependent launch needs a Hopper or later GPU")
+
+    def decode_logits() -> list[torch.Tensor]:
+        _, tri = _models(max_seq=120)
+        ids = torch.randint(0, 120, (1, 5), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+        prefill(tri, ids)
+        runner = DecodeRunner(tri, 1)
+        token, steps = ids[:, -1], []
+        for position in range(5, 100):
+            token = runner.step(token, position).clone()
+            steps.append(runner.logits.clone())
+        return steps
+
+    with_pdl = decode_logits()
+    monkeypatch.setattr(pdl, "enabled", lambda: False)
+    for step, (got, expected) in enumerate(zip(with_pdl, decode_logits(), strict=True)):
+        assert torch.equal(got, expected), f"decode step {step}"
+
+
+def test_dependent_launch_is_off_on_the_interpreter() -> None:
+    if backend.is_interpreter():
+        assert pdl.launch_options() == {"PDL": False}
+    else:
+        assert pdl.launch_options()["PDL"] == pdl.enabled()
