@@ -8,7 +8,7 @@ import torch
 import registry
 from ops import backend, norm
 from tests import buggy_kernels
-from verify.compare import check, ulp
+from verify.compare import check, judge, ulp
 from verify.tolerances import Tolerance, lookup
 
 DEVICE = backend.device()
@@ -162,3 +162,16 @@ def test_tolerance_lookup_falls_back_to_default_and_refuses_unknown_dtypes() -> 
     assert lookup("embedding", torch.bfloat16).rule == "exact"
     with pytest.raises(KeyError, match="float64"):
         lookup("splitk_reduce", torch.float64)
+
+
+def test_overflow_to_inf_is_judged_against_the_rounded_oracle() -> None:
+    """An fp16 output whose exact value is past 65504 rounds to inf: inf there is right, a
+    finite value there (or an inf where the exact value fits) is not."""
+    tol = Tolerance("max_error_ratio", max_error_ratio=2.0)
+    oracle = torch.tensor([70000.0, -70000.0, 1.0], dtype=torch.float64)
+    right = torch.tensor([float("inf"), float("-inf"), 1.0], dtype=torch.float16)
+    assert judge("out", right, right, tol, oracle, right).passed
+    saturated = torch.tensor([65504.0, float("-inf"), 1.0], dtype=torch.float16)
+    assert not judge("out", saturated, right, tol, oracle, right).passed
+    fits = torch.tensor([60000.0, -70000.0, 1.0], dtype=torch.float64)
+    assert not judge("out", right, right, tol, fits, right).passed

@@ -261,9 +261,19 @@ def judge(
     # max_error_ratio: judge the implementation's distance to the fp64 oracle against plain torch's
     assert oracle_out is not None and lowp_out is not None
     o = oracle_out.double()
-    fin = torch.isfinite(o)
-    err_impl = torch.where(fin, (a - o).abs(), torch.zeros_like(o)).max().item()
-    err_lowp = torch.where(fin, (lowp_out.double() - o).abs(), torch.zeros_like(o)).max().item()
+    # Where the exact value lies past the dtype's largest finite number, the correctly rounded
+    # output is that infinity (fp16 sums near 65504): there an output must equal it, and the
+    # distance is measured elsewhere.
+    o_rounded = oracle_out.to(impl.dtype).double()
+    overflow = torch.isfinite(o) & ~torch.isfinite(o_rounded)
+    fin = torch.isfinite(o) & ~overflow
+
+    def max_error(x: torch.Tensor) -> float:
+        if (overflow & (x != o_rounded)).any():
+            return float("inf")
+        return torch.where(fin, (x - o).abs(), torch.zeros_like(o)).max().item()
+
+    err_impl, err_lowp = max_error(a), max_error(lowp_out.double())
     magnitude = torch.where(fin, o.abs(), torch.zeros_like(o)).max().item()
     floor = ulp(impl.dtype, magnitude)
     # Where plain torch in this dtype breaks down (fp16 squares overflowing), its error says
