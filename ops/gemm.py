@@ -378,19 +378,21 @@ def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> Ge
 CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
     # 2026-11-29 (each config checked against torch before it was timed; M=1 timed as graph
-    # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's. The article
-    # decode shapes were re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl,
-    # marked PDL): each launch then overlaps the previous one's tail, as in the decode step.
+    # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's, without PDL.
+    # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl), a chain of the same
+    # projection preferred qkv/o gemv n4 k1024 w4 and gate_up n16 k512 w4 s3 (2.69, 2.46 and
+    # 7.99 us), but inside the decode step those made it slower (0.934 vs 0.899 ms/token, twice,
+    # same run): the table keeps these.
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
-    (1, 1536, 1024): _gemv(4, 1024, 1, 4, 1),  # qkv_proj 2.69 us, cuBLAS 5.26 us (PDL)
+    (1, 1536, 1024): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.16 us, cuBLAS 5.16 us
     (256, 1536, 1024): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
-    (1, 1024, 1024): _gemv(4, 1024, 1, 4, 2),  # o_proj 2.46 us, cuBLAS 7.64 us (PDL)
+    (1, 1024, 1024): _gemv(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
     (256, 1024, 1024): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
-    (1, 9728, 1024): _gemv(16, 512, 1, 4, 3),  # gate_up_proj 7.99 us, cuBLAS 8.22 us (PDL)
+    (1, 9728, 1024): _gemv(8, 512, 1, 4, 4),  # gate_up_proj 8.33 us, cuBLAS 8.02 us
     (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
-    (1, 1024, 4864): _gemv(2, 512, 1, 4, 4),  # down_proj 5.56 us, cuBLAS 8.24 us (PDL)
+    (1, 1024, 4864): _gemv(2, 512, 1, 4, 4),  # down_proj 5.98 us, cuBLAS 8.17 us
     (256, 1024, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
-    (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.28 us, cuBLAS 79.34 us (PDL)
+    (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
     (256, 151936, 1024): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
     # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
     (1, 4096, 1024): _gemv(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
