@@ -117,3 +117,13 @@ def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> 
     run = cli(module, *args)
     assert run.returncode == 2, run.stdout + run.stderr
     assert message in run.stderr
+
+
+def test_profile_busy_time_is_the_union_of_kernel_spans() -> None:
+    """Under programmatic dependent launch kernel spans overlap: busy time must not double count."""
+    from verify.bench.model import busy_time
+
+    assert busy_time([]) == 0.0
+    assert busy_time([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0
+    assert busy_time([(0.0, 10.0), (2.0, 3.0), (4.0, 5.0)]) == 10.0
+    assert busy_time([(3.0, 4.0), (0.0, 1.0)]) == 2.0
