@@ -379,10 +379,10 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
     # 2026-11-29 (each config checked against torch before it was timed; M=1 timed as graph
     # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's, without PDL.
-    # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl), a chain of the same
-    # projection preferred qkv/o gemv n4 k1024 w4 and gate_up n16 k512 w4 s3 (2.69, 2.46 and
-    # 7.99 us), but inside the decode step those made it slower (0.934 vs 0.899 ms/token, twice,
-    # same run): the table keeps these.
+    # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl): in a chain of the same
+    # projection these picks take qkv 2.70, o 2.53, gate_up 8.02, down 5.56, lm_head 75.28 us;
+    # the sweep's own winners (qkv/o gemv n4 k1024 w4, gate_up n16 k512 w4 s3) were within 0.07
+    # us of them there but made the decode step slower (0.934 vs 0.899 ms/token, in two runs).
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
     (1, 1536, 1024): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.16 us, cuBLAS 5.16 us
     (256, 1536, 1024): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
