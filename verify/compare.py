@@ -278,7 +278,7 @@ def judge(
     floor = ulp(impl.dtype, magnitude)
     # Where plain torch in this dtype breaks down (fp16 squares overflowing), its error says
     # nothing about what is acceptable: the bound never exceeds 1/32 of the output's magnitude.
-    report.bound = min(tol.max_error_ratio * err_lowp, magnitude * RATIO_CAP) + floor
+    report.bound = min(tol.max_error_ratio * err_lowp, magnitude * RATIO_CAP) + floor + tol.atol
     if err_impl > report.bound:
         report.passed = False
         report.reason = (

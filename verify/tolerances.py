@@ -18,8 +18,9 @@ class Tolerance:
     """How one op's output in one dtype is judged.
 
     ``allclose``: ``|impl - ref| <= atol + rtol * |ref|`` elementwise.
-    ``max_error_ratio``: ``max|impl - oracle| <= k * max|lowp - oracle| + ulp(max|oracle|)``, where the
-    oracle is the reference in fp64 and ``lowp`` the reference computed in the op's own dtype.
+    ``max_error_ratio``: ``max|impl - oracle| <= k * max|lowp - oracle| + ulp(max|oracle|) + atol``,
+    where the oracle is the reference in fp64 and ``lowp`` the reference computed in the op's own
+    dtype; ``atol`` (default 0) covers a documented absolute limit such as flushed subnormals.
     ``exact``: bitwise equality (copies, indices).
     """
 
@@ -32,7 +33,8 @@ class Tolerance:
         if self.rule == "allclose":
             return f"allclose(atol={self.atol:g}, rtol={self.rtol:g})"
         if self.rule == "max_error_ratio":
-            return f"max_error_ratio(k={self.max_error_ratio:g}, floor 1 ulp)"
+            extra = f" + {self.atol:g}" if self.atol else ""
+            return f"max_error_ratio(k={self.max_error_ratio:g}, floor 1 ulp{extra})"
         return "exact"
 
 
@@ -64,7 +66,8 @@ def lookup(key: str, dtype: torch.dtype, path: Path = PATH) -> Tolerance:
     if numbers is None:
         raise KeyError(f"{path}: no tolerance for op {key!r} at dtype {name} and no [default.{name}]")
     if rule == "max_error_ratio":
-        return Tolerance(rule, max_error_ratio=float(numbers["max_error_ratio"]))
+        ratio = float(numbers["max_error_ratio"])
+        return Tolerance(rule, atol=float(numbers.get("atol", 0.0)), max_error_ratio=ratio)
     return Tolerance(rule, atol=float(numbers["atol"]), rtol=float(numbers["rtol"]))
 
 
