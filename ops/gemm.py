@@ -26,6 +26,7 @@ rounding to the output dtype.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import torch
@@ -343,11 +344,29 @@ class GemmConfig:
     def replace(self, **changes: int | str) -> GemmConfig:
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def parse(cls, text: str) -> GemmConfig:
+        """The config :meth:`describe` writes, e.g. ``"gemv n8 k512 w4 s4"``."""
+        match = _DESCRIBED.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(
+                f"config {text!r}: expected e.g. 'gemv n8 k512 w4 s4' or 'tiled 64x128 k64 splitK2 w4 s3'"
+            )
+        g = {name: int(value) for name, value in match.groupdict().items() if value is not None}
+        kernel, block_m = ("gemv", 1) if "gemv_n" in g else ("tiled", g["m"])
+        block_n = g.get("gemv_n") or g["n"]
+        return cls(kernel, block_m, block_n, g["k"], g.get("split", 1), g["w"], g["s"])
+
     def describe(self) -> str:
         tile = f"n{self.block_n}" if self.kernel == "gemv" else f"{self.block_m}x{self.block_n}"
         split = f" splitK{self.split_k}" if self.split_k > 1 else ""
         return f"{self.kernel} {tile} k{self.block_k}{split} w{self.num_warps} s{self.num_stages}"
 
+
+_DESCRIBED = re.compile(
+    r"(?:gemv n(?P<gemv_n>\d+)|tiled (?P<m>\d+)x(?P<n>\d+))"
+    r" k(?P<k>\d+)(?: splitK(?P<split>\d+))? w(?P<w>\d+) s(?P<s>\d+)"
+)  # what GemmConfig.describe writes
 
 # A shape's M is looked up as the first bucket >= M (4096 stands for every M above 256).
 M_BUCKETS = (1, 4, 16, 64, 256, 4096)

@@ -235,3 +235,14 @@ def test_fp32_inputs_are_not_rounded_to_tf32() -> None:
     for config in (gemm.default_config(64, 256, 4096), GemmConfig("tiled", 64, 64, 64, split_k=4)):
         err = (gemm.launch(x, w, None, config).double() - exact).abs().max().item()
         assert err < 1e-3, f"{config.describe()}: error {err:.3g} (TF32 would give ~1e-1)"
+
+
+def test_config_descriptions_parse_back() -> None:
+    for config in gemm.CONFIGS.values():
+        assert gemm.GemmConfig.parse(config.describe()) == config
+    assert gemm.GemmConfig.parse("gemv n2 k512 splitK4 w4 s4").split_k == 4
+    for bad in ("gemv 8 k512 w4 s4", "gemv n8 k512 w4", "gemv n8 k512 w4 s4 s3", "tiled 64 k64 w4 s3"):
+        with pytest.raises(ValueError, match=r"expected e\.g\."):
+            gemm.GemmConfig.parse(bad)
+    with pytest.raises(ValueError, match="power of two"):
+        gemm.GemmConfig.parse("gemv n3 k512 w4 s4")

@@ -127,3 +127,21 @@ def test_profile_busy_time_is_the_union_of_kernel_spans() -> None:
     assert busy_time([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0
     assert busy_time([(0.0, 10.0), (2.0, 3.0), (4.0, 5.0)]) == 10.0
     assert busy_time([(3.0, 4.0), (0.0, 1.0)]) == 2.0
+
+
+def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:
+    from ops import gemm
+    from verify.bench.model import gemm_overrides, parse_overrides
+
+    overrides = parse_overrides("9728x1024=gemv n8 k1024 w4 s1; 1024x4864=gemv n2 k512 splitK2 w4 s4")
+    assert overrides == {
+        (1, 9728, 1024): gemm.GemmConfig("gemv", 1, 8, 1024, 1, 4, 1),
+        (1, 1024, 4864): gemm.GemmConfig("gemv", 1, 2, 512, 2, 4, 4),
+    }
+    for bad, message in (("9728x1024=gemv n8", "expected e.g."), ("9728=gemv n8 k512 w4 s4", "NxK=CONFIG")):
+        with pytest.raises(ValueError, match=message):
+            parse_overrides(bad)
+    before = dict(gemm.CONFIGS)
+    with gemm_overrides(overrides):
+        assert gemm.table_config(1, 9728, 1024) == overrides[(1, 9728, 1024)]
+    assert before == gemm.CONFIGS

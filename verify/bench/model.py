@@ -12,10 +12,11 @@ compiled by ``torch.compile`` and replayed as a CUDA Graph, the gpt-fast style p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -23,6 +24,7 @@ from model import reference, triton_model
 from model import weights as model_weights
 from model.config import PRESETS, to_hf_dict
 from model.graph import DecodeRunner
+from ops import gemm
 from references.precision import computing_in
 from verify.bench import timing
 
@@ -87,6 +89,35 @@ def roofline_seconds(config, context: int, bandwidth: float) -> tuple[float, int
     return total / bandwidth, total
 
 
+def parse_overrides(text: str) -> dict[tuple[int, int, int], gemm.GemmConfig]:
+    """``"9728x1024=gemv n8 k1024 w4 s1;1024x4864=..."``: decode (M=1) GEMM configs by ``N x K``."""
+    overrides = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        shape, sep, config = part.partition("=")
+        n, x, k = shape.strip().partition("x")
+        if not sep or not x or not n.isdigit() or not k.isdigit():
+            raise ValueError(
+                f"--try-config {part!r}: expected NxK=CONFIG, e.g. 9728x1024=gemv n8 k1024 w4 s1"
+            )
+        overrides[(1, int(n), int(k))] = gemm.GemmConfig.parse(config)
+    if not overrides:
+        raise ValueError(f"--try-config {text!r}: no NxK=CONFIG in it")
+    return overrides
+
+
+@contextlib.contextmanager
+def gemm_overrides(overrides: dict[tuple[int, int, int], gemm.GemmConfig]) -> Iterator[None]:
+    """The GEMM config table with ``overrides`` in it, restored after (a graph captured inside
+    keeps the configs it was captured with)."""
+    saved = dict(gemm.CONFIGS)
+    gemm.CONFIGS.update(overrides)
+    try:
+        yield
+    finally:
+        gemm.CONFIGS.clear()
+        gemm.CONFIGS.update(saved)
+
+
 def busy_time(intervals: list[tuple[float, float]]) -> float:
     """Length of the union of ``(start, end)`` intervals: time with at least one kernel running."""
     busy, reach = 0.0, float("-inf")
@@ -144,7 +175,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--profile", action="store_true", help="also print where a graph decode step spends its time"
     )
+    p.add_argument(
+        "--try-config",
+        action="append",
+        default=[],
+        metavar="NxK=CONFIG[;NxK=CONFIG]",
+        help="also time graph decode with these decode GEMM configs (one row per flag), e.g. "
+        "'9728x1024=gemv n8 k1024 w4 s1': a kernel's best config alone is not always its best in the step",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="time the graph decode rows this many times, interleaved (median)",
+    )
     args = p.parse_args(argv)
+    try:
+        variants = [(text, parse_overrides(text)) for text in args.try_config]
+    except ValueError as error:
+        p.error(str(error))
+    if args.repeat < 1:
+        p.error(f"--repeat: expected >= 1, got {args.repeat}")
     skip = set(filter(None, args.skip.split(",")))
     cfg, device = PRESETS[args.preset], torch.device("cuda")
     length, new = args.prompt_len, args.new_tokens
@@ -174,12 +225,24 @@ def main(argv: list[str] | None = None) -> int:
     tri = triton_model.build(weights, 1, max_seq)
     prefill_runner = DecodeRunner(tri, 1, new_tokens=length)
     decode_runner = DecodeRunner(tri, 1)
+    prefill_s = _seconds(lambda: prefill_runner.step(prompt, 0))
+    graph_rows = [(None, {}, decode_runner)]
+    for text, overrides in variants:
+        with gemm_overrides(overrides):
+            graph_rows.append((text, overrides, DecodeRunner(tri, 1)))
+    decode_s: list[list[float]] = [[] for _ in graph_rows]
+    for _ in range(args.repeat):  # interleaved, so a slow stretch of the GPU hits every row
+        for times, (_, overrides, runner) in zip(decode_s, graph_rows, strict=True):
+            with gemm_overrides(overrides):  # the first step captures the graph with them
+                times.append(decode_loop(runner.step, first, length, new))
     record(
         "triton + CUDA graph",
-        _seconds(lambda: prefill_runner.step(prompt, 0)),
-        decode_loop(decode_runner.step, first, length, new),
+        prefill_s,
+        statistics.median(decode_s[0]),
         "prefill captured for this prompt length",
     )
+    for (text, _, _), times in zip(graph_rows[1:], decode_s[1:], strict=True):
+        record(f"triton + CUDA graph, {text}", None, statistics.median(times), "decode GEMM configs tried")
     if args.profile:
         print(kernel_profile(decode_runner, first, length, steps=8), flush=True)
     if "unfused" not in skip:  # what the fused ops buy: the same graph over one op per step
