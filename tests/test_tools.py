@@ -111,6 +111,8 @@ def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
         ("verify.e2e", ("--prompt-ids", ""), "the prompt is empty"),
         ("verify.e2e", ("--prompt", "hello"), "needs a tokenizer"),
         ("verify.e2e", ("--against", "reference,vllm"), "--against"),
+        ("verify.bench", ("model", "--try-config", "9728=gemv n8 k512 w4 s4"), "expected NxK=CONFIG"),
+        ("verify.bench", ("model", "--repeat", "0"), "--repeat"),
     ],
 )
 def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> None:

@@ -373,6 +373,8 @@ def main(argv: list[str]) -> int:
         help="time launch configs per shape instead (prefill and decode take a few minutes each)",
     )
     args = parser.parse_args(argv)
+    if timing.cuda_missing("verify.bench attention"):
+        return 2
     if args.sweep:
         data: dict = {"sweep": sweep(args.sweep)}
         code = 0

@@ -457,8 +457,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not torch.cuda.is_available():
-        print("verify.bench gemm: needs a CUDA GPU", file=sys.stderr)
+    if timing.cuda_missing("verify.bench gemm"):
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check reference must be fp32
     presets = _presets(args.preset)

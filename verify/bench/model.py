@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(error))
     if args.repeat < 1:
         p.error(f"--repeat: expected >= 1, got {args.repeat}")
+    if timing.cuda_missing("verify.bench model"):
+        return 2
     skip = set(filter(None, args.skip.split(",")))
     cfg, device = PRESETS[args.preset], torch.device("cuda")
     length, new = args.prompt_len, args.new_tokens

@@ -9,6 +9,7 @@ the 60 MB L2, so the numbers are HBM numbers, not cache numbers.
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
@@ -53,6 +54,15 @@ def bench_median(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float 
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") / 1e3
+
+
+def cuda_missing(prog: str) -> bool:
+    """True, after saying so on stderr, when there is no CUDA GPU to benchmark on (checked
+    after the arguments are parsed, so ``--help`` and usage errors work anywhere)."""
+    if torch.cuda.is_available():
+        return False
+    print(f"{prog}: benchmarks need a CUDA GPU", file=sys.stderr)
+    return True
 
 
 def copy_bandwidth(nbytes: int = 2 * 2**30) -> float:
