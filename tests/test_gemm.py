@@ -246,3 +246,15 @@ def test_config_descriptions_parse_back() -> None:
             gemm.GemmConfig.parse(bad)
     with pytest.raises(ValueError, match="power of two"):
         gemm.GemmConfig.parse("gemv n3 k512 w4 s4")
+
+
+def test_fp32_floor_is_an_ulp_of_the_summed_terms_and_still_catches_a_dropped_term() -> None:
+    """A CPU thorough-profile draw: K=139, one output of -3.9 summed from terms of total size
+    ~100. The kernel is 4 fp32 ulps of the output off, plain torch (another order) luckily 0.1:
+    one fp32 ulp of the summed |terms| is the honest floor. Dropping a term is still caught."""
+    spec = registry.get("linear")
+    params = {"bias": True, "dist": "normal", "dtype": "float32", "k": 139, "m": 1, "n": 1, "seed": 1}
+    case = spec.build({**params, "w_layout": "column_slice", "x_layout": "contiguous"}, DEVICE)
+    assert check(spec, case).passed
+    dropped = check(spec, case, lambda x, w, bias=None: gemm.linear(x[:, :-1], w[:, :-1], bias))
+    assert not dropped.passed
