@@ -9,9 +9,9 @@ visible. CUDA Graph capture keeps these programmatic edges.
 
 Where to release was measured on the H200 (article decode step, ms/token; 1.045 without PDL):
 the small kernels release at their start and the GEMV after its K loop (0.898). Releasing the
-GEMV at its start let the next kernels' programs take SM slots while it still streamed (1.176);
-releasing nothing early, only at exit, 0.98; an L2 prefetch of the GEMV's weight rows before its
-wait only doubled the L2 requests (0.936).
+GEMV at its start measured 1.176 (the next kernels' programs then hold SM slots while it still
+streams); releasing the small kernels, or the GEMV, only at exit 0.98; an L2 prefetch of the
+GEMV's weight rows before its wait 0.936 (every line is then requested twice).
 
 The contract every kernel launched with :func:`launch_options` keeps, in every program:
 
@@ -47,10 +47,8 @@ def enabled() -> bool:
 
 
 def launch_options() -> dict[str, bool]:
-    """The launch keywords that turn PDL on: ``kernel[grid](..., **launch_options())``.
-
-    Pass ``PDL=enabled()`` to the kernel too, so it waits before reading its inputs.
-    """
+    """``kernel[grid](..., **launch_options())``: the launch flag and the kernel's ``PDL``
+    constexpr, so its :func:`wait` and :func:`release` compile in exactly when it is launched so."""
     return {"PDL": True, "launch_pdl": True} if enabled() else {"PDL": False}
 
 
