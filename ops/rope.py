@@ -88,6 +88,44 @@ def rope_cos_sin(
 
 
 @triton.jit
+def norm_rope_row(
+    x_row,
+    w_ptr,
+    c,
+    sn,
+    eps,
+    D,
+    HALF,
+    HAS_NORM: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_REST: tl.constexpr,
+):
+    """One head row as (rotated first half, rotated second half, pass-through rest), each rounded
+    to the row's dtype; with ``HAS_NORM`` the row is first RMS-normalized by ``w_ptr`` and ``eps``
+    (``ops.rope_kv_store``). ``BLOCK_REST`` >= 1: with no pass-through dims it is a masked stub."""
+    dtype = x_row.dtype.element_ty
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    j = 2 * HALF + tl.arange(0, BLOCK_REST)
+    rest_mask = j < D
+    x1 = tl.load(x_row + i, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    rest = tl.load(x_row + j, mask=rest_mask, other=0.0).to(tl.float32)
+    if HAS_NORM:  # rms_norm over the whole row (all three parts), rounded as the separate op rounds
+        sum_sq = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(rest * rest, axis=0)
+        inv_rms = 1.0 / tl.sqrt(sum_sq / D + eps)
+        w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
+        wr = tl.load(w_ptr + j, mask=rest_mask, other=0.0).to(tl.float32)
+        x1 = (x1 * inv_rms * w1).to(dtype).to(tl.float32)
+        x2 = (x2 * inv_rms * w2).to(dtype).to(tl.float32)
+        rest = (rest * inv_rms * wr).to(dtype).to(tl.float32)
+    y1 = (x1 * c - x2 * sn).to(dtype)
+    y2 = (x2 * c + x1 * sn).to(dtype)
+    return y1, y2, rest.to(dtype)  # rest holds dtype values already: the cast back is exact
+
+
+@triton.jit
 def _apply_rope_kernel(
     x_ptr,
     cos_ptr,
@@ -120,14 +158,11 @@ def _apply_rope_kernel(
     mask = i < HALF
     c = tl.load(cos_ptr + b * stride_cb + s * stride_cs + i, mask=mask, other=0.0)
     sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
-    x1 = tl.load(x_row + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_row + i, (x1 * c - x2 * sn).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_row + HALF + i, (x2 * c + x1 * sn).to(out_ptr.dtype.element_ty), mask=mask)
-    if BLOCK_REST > 0:  # partial rotary: the dims past 2 * HALF pass through unchanged
-        j = 2 * HALF + tl.arange(0, BLOCK_REST)
-        rest_mask = j < D
-        tl.store(out_row + j, tl.load(x_row + j, mask=rest_mask), mask=rest_mask)
+    y1, y2, rest = norm_rope_row(x_row, x_row, c, sn, 0.0, D, HALF, False, BLOCK_HALF, BLOCK_REST)
+    tl.store(out_row + i, y1, mask=mask)
+    tl.store(out_row + HALF + i, y2, mask=mask)
+    j = 2 * HALF + tl.arange(0, BLOCK_REST)  # partial rotary: the dims past 2 * HALF pass through
+    tl.store(out_row + j, rest, mask=j < D)
 
 
 def apply_rope(
@@ -164,7 +199,7 @@ def apply_rope(
         sin.stride(0),
         sin.stride(1),
         BLOCK_HALF=triton.next_power_of_2(half),
-        BLOCK_REST=triton.next_power_of_2(rest) if rest else 0,
+        BLOCK_REST=triton.next_power_of_2(rest) if rest else 1,  # 1: an always-masked stub
         **pdl.launch_options(),
     )
     return result

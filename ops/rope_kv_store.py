@@ -10,7 +10,7 @@ as in ``kv_cache_store``).
 
 The result matches the unfused ops: the normalized row is rounded to the input dtype before
 the rotation (the separate rms_norm op outputs in that dtype), and the rotation is the same
-fp32 ``x1 * c - x2 * s, x2 * c + x1 * s`` as ``ops.rope``, rounded once.
+fp32 ``x1 * c - x2 * s, x2 * c + x1 * s`` as ``ops.rope`` (its ``norm_rope_row``), rounded once.
 """
 
 from __future__ import annotations
@@ -20,42 +20,7 @@ import triton
 import triton.language as tl
 
 from ops import pdl, validate
-
-
-@triton.jit
-def _norm_rope_row(
-    x_row,
-    w_ptr,
-    c,
-    sn,
-    eps,
-    D,
-    HALF,
-    HAS_NORM: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_REST: tl.constexpr,
-):
-    """One head row as (rotated first half, rotated second half, pass-through rest), rounded."""
-    dtype = x_row.dtype.element_ty
-    i = tl.arange(0, BLOCK_HALF)
-    mask = i < HALF
-    j = 2 * HALF + tl.arange(0, BLOCK_REST)
-    rest_mask = j < D
-    x1 = tl.load(x_row + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    rest = tl.load(x_row + j, mask=rest_mask, other=0.0).to(tl.float32)
-    if HAS_NORM:  # rms_norm over the whole row (all three parts), rounded as the separate op rounds
-        sum_sq = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(rest * rest, axis=0)
-        inv_rms = 1.0 / tl.sqrt(sum_sq / D + eps)
-        w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
-        wr = tl.load(w_ptr + j, mask=rest_mask, other=0.0).to(tl.float32)
-        x1 = (x1 * inv_rms * w1).to(dtype).to(tl.float32)
-        x2 = (x2 * inv_rms * w2).to(dtype).to(tl.float32)
-        rest = (rest * inv_rms * wr).to(dtype).to(tl.float32)
-    y1 = (x1 * c - x2 * sn).to(dtype)
-    y2 = (x2 * c + x1 * sn).to(dtype)
-    return y1, y2, rest.to(dtype)  # rest holds dtype values already: the cast back is exact
+from ops.rope import norm_rope_row
 
 
 @triton.jit
@@ -111,7 +76,7 @@ def _rope_kv_store_kernel(
     sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
     if head < HQ:  # a q head: rotate into out[b, s, head]
         x_row = q_ptr + b * stride_qb + s * stride_qs + head.to(tl.int64) * stride_qh
-        y1, y2, rest = _norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        y1, y2, rest = norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
         out_row = out_ptr + (token.to(tl.int64) * HQ + head) * D
         tl.store(out_row + i, y1, mask=mask)
         tl.store(out_row + HALF + i, y2, mask=mask)
@@ -121,7 +86,7 @@ def _rope_kv_store_kernel(
         row = tl.load(start_ptr + b).to(tl.int64) + s
         in_cache = (row < L) & (row >= 0)
         k_row = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
-        y1, y2, rest = _norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        y1, y2, rest = norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
         dst = ((b * L + row) * HKV + kvh) * D
         tl.store(kc_ptr + dst + i, y1, mask=mask & in_cache)
         tl.store(kc_ptr + dst + HALF + i, y2, mask=mask & in_cache)

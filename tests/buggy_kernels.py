@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ops import norm
-from ops.rope_kv_store import _norm_rope_row
+from ops.rope import norm_rope_row
 
 
 @triton.jit
@@ -304,7 +304,7 @@ def _rope_kv_store_kernel(
         sn = -sn
     if head < HQ:
         x_row = q_ptr + b * stride_qb + s * stride_qs + head.to(tl.int64) * stride_qh
-        y1, y2, rest = _norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        y1, y2, rest = norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
         out_row = out_ptr + (token.to(tl.int64) * HQ + head) * D
         tl.store(out_row + i, y1, mask=mask)
         tl.store(out_row + HALF + i, y2, mask=mask)
@@ -318,7 +318,7 @@ def _rope_kv_store_kernel(
         k_row = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
         if BUG == "k_with_q_norm":  # k normalized with q's weights
             kw_ptr = qw_ptr
-        y1, y2, rest = _norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        y1, y2, rest = norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
         dst = ((b * L + row) * HKV + kvh) * D
         tl.store(kc_ptr + dst + i, y1, mask=mask & in_cache)
         tl.store(kc_ptr + dst + HALF + i, y2, mask=mask & in_cache)

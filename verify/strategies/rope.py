@@ -147,7 +147,7 @@ ROPE_COS_SIN_INVALID = (
     Invalid("zero base", "base", replace("base", lambda _: 0.0)),
     Invalid("1-d positions", "positions", replace("positions", lambda p: p[0])),
 )
-APPLY_ROPE_INVALID = (
+COS_SIN_INVALID = (  # any op that takes a cos/sin table beside x[B, S, H, D]
     Invalid("cos of another batch", "cos", replace("cos", lambda c: c[:1].expand(3, *c.shape[1:]))),
     Invalid("sin shape differs from cos", "sin", replace("sin", lambda t: t[..., :-1])),
     Invalid(
@@ -155,5 +155,5 @@ APPLY_ROPE_INVALID = (
         "cos",
         lambda a: a.update(cos=a["cos"].repeat(1, 1, 40), sin=a["sin"].repeat(1, 1, 40)),
     ),
-    Invalid("3-d x", "x", replace("x", lambda x: x[0])),
 )
+APPLY_ROPE_INVALID = (*COS_SIN_INVALID, Invalid("3-d x", "x", replace("x", lambda x: x[0])))

@@ -16,7 +16,7 @@ from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, replace
 from verify.strategies.kv_cache import _starts
 from verify.strategies.norm import _weight
-from verify.strategies.rope import BASES, HEAD_DIMS, _rotary_dim
+from verify.strategies.rope import BASES, COS_SIN_INVALID, HEAD_DIMS, _rotary_dim
 
 # q, k, v: head slices of one fused QKV row (with padding past the row, or not), or own tensors
 LAYOUTS = ("fused", "fused_padded", "separate")
@@ -155,13 +155,7 @@ ROPE_KV_STORE_INVALID = (
     Invalid("k with another head count than k_cache", "k", replace("k", lambda k: k[:, :, :-1])),
     Invalid("v of another shape", "v", replace("v", lambda v: v[:, :, :, :-1])),
     Invalid("v in another dtype than q", "v", replace("v", lambda v: v.float()), TypeError),
-    Invalid("cos of another batch", "cos", replace("cos", lambda c: c[:1].expand(3, *c.shape[1:]))),
-    Invalid("sin shape differs from cos", "sin", replace("sin", lambda t: t[..., :-1])),
-    Invalid(
-        "rotary_dim larger than head_dim",
-        "cos",
-        lambda a: a.update(cos=a["cos"].repeat(1, 1, 40), sin=a["sin"].repeat(1, 1, 40)),
-    ),
+    *COS_SIN_INVALID,
     Invalid("v_cache of another shape", "v_cache", replace("v_cache", lambda c: c[:, :-1])),
     Invalid(
         "non-contiguous k_cache",
