@@ -11,7 +11,10 @@ Where to release was measured on the H200 (article decode step, ms/token; 1.045 
 the small kernels release at their start and the GEMV after its K loop (0.898). Releasing the
 GEMV at its start measured 1.176 (the next kernels' programs then hold SM slots while it still
 streams); releasing the small kernels, or the GEMV, only at exit 0.98; an L2 prefetch of the
-GEMV's weight rows before its wait 0.936 (every line is then requested twice).
+GEMV's weight rows before its wait 0.936 (every line is then requested twice). Later (2026-11-30,
+one run, each variant twice): a one-step GEMV loading its weight chunk into registers before its
+wait 0.841 against 0.834 without (weights are read-only, so that would be allowed; it buys
+nothing), and releasing right after that load 1.225, so neither is done.
 
 The contract every kernel launched with :func:`launch_options` keeps, in every program:
 

@@ -121,14 +121,41 @@ def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> 
     assert message in run.stderr
 
 
-def test_profile_busy_time_is_the_union_of_kernel_spans() -> None:
-    """Under programmatic dependent launch kernel spans overlap: busy time must not double count."""
-    from verify.bench.model import busy_time
+def test_profile_shares_split_the_union_of_kernel_spans() -> None:
+    """Under programmatic dependent launch kernel spans overlap: each kernel is credited with the
+    time it extends the busy period, so nothing is counted twice and the shares sum to the union."""
+    from verify.bench.model import busy_shares
 
-    assert busy_time([]) == 0.0
-    assert busy_time([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0
-    assert busy_time([(0.0, 10.0), (2.0, 3.0), (4.0, 5.0)]) == 10.0
-    assert busy_time([(3.0, 4.0), (0.0, 1.0)]) == 2.0
+    assert busy_shares([]) == []
+    assert busy_shares([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == [2.0, 1.0, 1.0]
+    assert busy_shares([(0.0, 10.0), (2.0, 3.0), (4.0, 5.0)]) == [10.0, 0.0, 0.0]
+    assert busy_shares([(3.0, 4.0), (0.0, 1.0)]) == [1.0, 1.0]
+    # a PDL chain: each kernel starts early and waits; its share is the time after its predecessor
+    assert busy_shares([(0.0, 4.0), (1.0, 5.5), (2.0, 9.0)]) == [4.0, 1.5, 3.5]
+
+
+def test_profile_step_order_gives_each_position_its_median_share() -> None:
+    from types import SimpleNamespace
+
+    from verify.bench.model import step_order
+
+    def event(name: str, start: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start))
+
+    # two steps of (embed, gemv, attn), listed out of order; shares per position 1/3, 2/4, 5/9
+    events = [
+        event("gemv", 1),
+        event("embed", 0),
+        event("attn", 2),
+        event("embed", 10),
+        event("gemv", 11),
+        event("attn", 12),
+    ]
+    shares = [2.0, 1.0, 5.0, 3.0, 4.0, 9.0]
+    text = step_order(events, shares, steps=2)
+    lines = [line.split() for line in text.splitlines() if line[:1].isdigit()]
+    assert lines == [["0", "embed", "2.00"], ["1", "gemv", "3.00"], ["2", "attn", "7.00"]]
+    assert "differs" in step_order(events[:5], shares[:5], steps=2)
 
 
 def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:

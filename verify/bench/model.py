@@ -118,22 +118,28 @@ def gemm_overrides(overrides: dict[tuple[int, int, int], gemm.GemmConfig]) -> It
         gemm.CONFIGS.update(saved)
 
 
-def busy_time(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of ``(start, end)`` intervals: time with at least one kernel running."""
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
+def busy_shares(intervals: list[tuple[float, float]]) -> list[float]:
+    """Each ``(start, end)`` interval's share of their union, in the given order: the time by which
+    it extends the busy period past every interval that started before it. In a chain of kernels
+    that each wait for the one before, that is the time from its predecessor's end to its own: its
+    cost on the critical path. The shares sum to the union's length (time with a kernel running)."""
+    shares = [0.0] * len(intervals)
+    reach = float("-inf")
+    for i in sorted(range(len(intervals)), key=lambda i: intervals[i]):
+        start, end = intervals[i]
         if end > reach:
-            busy += end - max(start, reach)
+            shares[i] = end - max(start, reach)
             reach = end
-    return busy
+    return shares
 
 
 def kernel_profile(runner: DecodeRunner, first: torch.Tensor, start: int, steps: int) -> str:
     """GPU time per decode token by kernel name, from the profiler's trace of graph replays.
 
     With programmatic dependent launch (``ops.pdl``) kernels overlap and a kernel's span
-    includes the time it waits for the one before it, so the spans add up to more than the
-    step: the head line gives both the union (busy) and the sum.
+    includes the time it waits for the one before it, so spans add up to more than the step.
+    The table gives both: the spans, and each kernel's share of the busy time (see
+    :func:`busy_shares`), which adds up to the step and says where it goes.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -143,24 +149,48 @@ def kernel_profile(runner: DecodeRunner, first: torch.Tensor, start: int, steps:
         for i in range(steps):
             token = runner.step(token, start + 1 + i)
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    intervals = []
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.setdefault(event.name, []).append(event.time_range.elapsed_us())
-            intervals.append((event.time_range.start, event.time_range.end))
-    total = sum(sum(t) for t in kernels.values()) / steps
-    rows = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    shares = busy_shares([(e.time_range.start, e.time_range.end) for e in events])
+    spans: dict[str, list[float]] = {}
+    critical: dict[str, float] = {}
+    for event, share in zip(events, shares, strict=True):
+        spans.setdefault(event.name, []).append(event.time_range.elapsed_us())
+        critical[event.name] = critical.get(event.name, 0.0) + share
+    rows = sorted(spans, key=lambda name: -critical[name])
     table = [
-        [name[:60], f"{len(t) / steps:.0f}", f"{statistics.mean(t):.2f}", f"{sum(t) / steps:.1f}"]
-        for name, t in rows[:20]
+        [
+            name[:60],
+            f"{len(spans[name]) / steps:.0f}",
+            f"{statistics.mean(spans[name]):.2f}",
+            f"{sum(spans[name]) / steps:.1f}",
+            f"{critical[name] / steps:.1f}",
+        ]
+        for name in rows[:20]
     ]
-    count = sum(len(t) for t in kernels.values()) / steps
+    count = len(events) / steps
+    total = sum(sum(t) for t in spans.values()) / steps
     head = (
-        f"\nper decode token: {busy_time(intervals) / steps:.1f} us with a kernel running, "
+        f"\nper decode token: {sum(shares) / steps:.1f} us with a kernel running, "
         f"{total:.1f} us of kernel spans (overlapping under PDL) over {count:.0f} kernels"
     )
-    return head + "\n" + timing.table(["kernel", "per token", "mean us", "us per token"], table)
+    columns = ["kernel", "per token", "mean span us", "span us per token", "busy us per token"]
+    return head + "\n" + timing.table(columns, table) + "\n" + step_order(events, shares, steps)
+
+
+def step_order(events: list, shares: list[float], steps: int, first: int = 16) -> str:
+    """The step's first kernels in launch order with their median busy share over the steps:
+    which op of a layer the time goes to (every layer launches the same sequence)."""
+    order = sorted(range(len(events)), key=lambda i: events[i].time_range.start)
+    per_step = len(order) // steps
+    if per_step * steps != len(order):
+        return "(kernel count differs between steps: no per-position breakdown)"
+    rows = []
+    for position in range(min(first, per_step)):
+        picks = [order[step * per_step + position] for step in range(steps)]
+        busy = statistics.median(shares[i] for i in picks)
+        rows.append([str(position), events[picks[0]].name[:60], f"{busy:.2f}"])
+    title = f"\nthe step's first {len(rows)} kernels in launch order (median busy us over {steps} steps)"
+    return title + "\n" + timing.table(["#", "kernel", "busy us"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
