@@ -15,12 +15,17 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
   speculative ones, a small chunk): a one-token step has too few query blocks to fill the GPU,
   so the cache is split instead ("flash-decoding"). One program per (split, batch, kv head)
   holds all the queries of the kv group, loads each K/V tile once, and writes its partial
-  (running max, running sum, unnormalized accumulator) to fp32 scratch; the last program of
-  the kv group to finish (an arrival counter) rescales the splits to their common max and sums
-  them, so no second launch waits on the first. The split count depends only on the
+  (running max, running sum, unnormalized accumulator) to fp32 scratch; a second kernel
+  rescales the splits to their common max and sums them. The split count depends only on the
   cache capacity ``L`` (and batch, heads, device), never on the device ``seq_lens``, so one
   captured CUDA Graph replays at every length; splits past ``seq_len`` write a neutral partial
   (max ``-inf``, sum 0, accumulator 0).
+
+  Two variants measured slower in the article decode step on the H200 (2026-11-30, one run,
+  each twice, ms/token): this design 0.899; requesting each split's first K/V block before
+  ``seq_len`` arrives 0.921; that plus the combine done by the last split program to finish
+  (an arrival counter instead of the second launch) 0.925. A split kernel that writes the
+  output itself when the cache is a single split is kept (``DIRECT``: no combine launch).
 
 ``seq_lens`` is never read on the host (a captured graph replays at every length), so device
 values the wrapper cannot check are made safe in the kernel instead: ``seq_len > L`` reads
@@ -43,7 +48,7 @@ from ops import scratch as buffers
 PATHS = ("auto", "prefill", "decode")
 DECODE_MAX_ROWS = 64  # query rows (new tokens x q heads per kv head) one decode program holds
 HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tiles need no head-dim mask
-MAX_SPLITS = 128  # caps the combining program's work and the scratch size
+MAX_SPLITS = 128  # caps the combine kernel's work and the scratch size
 LOG2E = 1.4426950408889634
 
 
@@ -74,42 +79,47 @@ class DecodeScratch(NamedTuple):
     acc: torch.Tensor  # [B, S, Hq, splits, D]: sum over the split's rows of 2^(score - m) * v
     max: torch.Tensor  # [B, S, Hq, splits]: m, the split's max scaled score (log2 units)
     sum: torch.Tensor  # [B, S, Hq, splits]: sum over the split's rows of 2^(score - m)
-    # [B, Hkv] int32, zero between launches: the splits of a kv group done so far (the last one
-    # combines and sets it back to zero)
-    arrivals: torch.Tensor
 
 
 # ---- kernels -----------------------------------------------------------------------------------
 
 
 @triton.jit
-def _load_kv(k_base, v_base, keys, valid, stride_n, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
-    """The K and V tiles of cache rows ``keys``; with ``MASKED`` rows not ``valid`` read as 0.
-
-    V is loaded with K, before the scores need K: a decode split is often one block, so nothing
-    else would overlap the two trips to memory."""
-    offsets = keys[:, None] * stride_n + tl.arange(0, HEAD_DIM)[None, :]
-    if MASKED:
-        k = tl.load(k_base + offsets, mask=valid[:, None], other=0.0)
-        v = tl.load(v_base + offsets, mask=valid[:, None], other=0.0)
-    else:
-        k = tl.load(k_base + offsets)
-        v = tl.load(v_base + offsets)
-    return k, v
-
-
-@triton.jit
 def _attend_block(
-    acc, m_i, l_i, q, k, v, keys, pos, kv_len, qk_scale, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr
-):  # fmt: skip
-    """One online-softmax step of the rows in ``acc`` over the cache rows ``keys`` (tiles k, v).
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_base,
+    v_base,
+    keys,
+    pos,
+    kv_len,
+    stride_n,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step of the rows in ``acc`` over the cache rows ``keys``.
 
     Unmasked steps cover rows every query may see (all below ``kv_len``); masked steps hide
     rows at or past ``kv_len`` and rows after the query's position ``pos``.
     """
+    offs_d = tl.arange(0, HEAD_DIM)
+    offsets = keys[:, None] * stride_n + offs_d[None, :]
+    # V is loaded with K, before the scores need K: a decode split is often one block, so
+    # nothing else would overlap the two trips to memory.
+    if MASKED:
+        in_cache = keys < kv_len
+        k = tl.load(k_base + offsets, mask=in_cache[:, None], other=0.0)
+        v = tl.load(v_base + offsets, mask=in_cache[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + offsets)
+        v = tl.load(v_base + offsets)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
-        s = tl.where((keys[None, :] < kv_len) & (keys[None, :] <= pos[:, None]), s, float("-inf"))
+        s = tl.where(in_cache[None, :] & (keys[None, :] <= pos[:, None]), s, float("-inf"))
     # Running max of the scaled scores (qk_scale > 0); the scale folds into one FMA below.
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     # A row that has seen no visible key yet keeps m = -inf; subtract 0 there, not -inf (NaN).
@@ -175,17 +185,15 @@ def _prefill_kernel(
     full_end = tl.maximum(tl.minimum(first + 1, kv_len), 0) // BLOCK_N * BLOCK_N
     end = tl.maximum(tl.minimum(last + 1, kv_len), 0)
     for start in range(0, full_end, BLOCK_N):
-        keys = start + offs_n
-        k, v = _load_kv(k_ptr + kv_offset, v_ptr + kv_offset, keys, keys < kv_len, stride_n, HEAD_DIM, False)
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k, v, keys, pos, kv_len, qk_scale, False, DOT_PRECISION
-        )
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, False, DOT_PRECISION,
+        )  # fmt: skip
     for start in range(full_end, end, BLOCK_N):
-        keys = start + offs_n
-        k, v = _load_kv(k_ptr + kv_offset, v_ptr + kv_offset, keys, keys < kv_len, stride_n, HEAD_DIM, True)
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k, v, keys, pos, kv_len, qk_scale, True, DOT_PRECISION
-        )
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
+        )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0 only for a query that sees no row
     o_rows = (b * S + offs_m) * HQ + h
@@ -202,7 +210,6 @@ def _decode_split_kernel(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
-    arrivals_ptr,
     o_ptr,
     qk_scale,
     S,
@@ -220,66 +227,53 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,
-    COMBINE_ROWS: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
-    COMBINE_CHUNK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One split of the cache rows for one kv group: its softmax partials, the last split of the
-    group to finish then combining them all; with ``DIRECT`` (a single split) the normalized
-    output straight away."""
+    """One split of the cache rows for one kv group: its softmax partials, or with ``DIRECT``
+    (a single split) the normalized output itself, so no combine launch follows."""
     pdl.release(PDL)
     pdl.wait(PDL)
     split = tl.program_id(0)
     bk = tl.program_id(1)
     b = (bk // HKV).to(tl.int64)
     kvh = bk % HKV
+    seq_len = tl.load(seq_lens_ptr + b)
+    kv_len = tl.minimum(tl.maximum(seq_len, 0), L)
+
     # Row r holds query r // GROUP of q head kvh * GROUP + r % GROUP: the whole kv group.
     rows = tl.arange(0, BLOCK_H)
     i = rows // GROUP
     h = kvh * GROUP + rows % GROUP
     row_ok = i < S
+    pos = seq_len - S + i
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    k_base = k_ptr + (b * L * HKV + kvh) * HEAD_DIM
-    v_base = v_ptr + (b * L * HKV + kvh) * HEAD_DIM
-    stride_n = HKV * HEAD_DIM
     q = tl.load(
         q_ptr + b * stride_qb + i[:, None] * stride_qs + h[:, None] * stride_qh + offs_d[None, :],
         mask=row_ok[:, None],
         other=0.0,
     )
-    # The split's first block is requested before seq_len arrives (its addresses do not need it),
-    # so the trips to memory for q, K, V and seq_len overlap; rows past the capacity read 0.
-    start = split * SPLIT_SIZE
-    keys = start + offs_n
-    k, v = _load_kv(k_base, v_base, keys, keys < L, stride_n, HEAD_DIM, True)
-    seq_len = tl.load(seq_lens_ptr + b)
-    kv_len = tl.minimum(tl.maximum(seq_len, 0), L)
-    pos = seq_len - S + i
-    v = tl.where((keys < kv_len)[:, None], v, 0.0)  # rows past seq_len may hold anything, even NaN
+    kv_offset = (b * L * HKV + kvh) * HEAD_DIM
+    stride_n = HKV * HEAD_DIM
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, keys, pos, kv_len, qk_scale, True, DOT_PRECISION)
-    after_first = start + BLOCK_N
+    start = split * SPLIT_SIZE
     end = tl.minimum(start + SPLIT_SIZE, kv_len)
     # Rows up to the first query's position are visible to all rows of the group.
-    full_end = tl.maximum(tl.minimum(seq_len - S + 1, end), after_first)
-    full_end = after_first + (full_end - after_first) // BLOCK_N * BLOCK_N
-    for n in range(after_first, full_end, BLOCK_N):
-        keys = n + offs_n
-        k, v = _load_kv(k_base, v_base, keys, keys < kv_len, stride_n, HEAD_DIM, False)
+    full_end = tl.maximum(tl.minimum(seq_len - S + 1, end), start)
+    full_end = start + (full_end - start) // BLOCK_N * BLOCK_N
+    for n in range(start, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k, v, keys, pos, kv_len, qk_scale, False, DOT_PRECISION
-        )
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, False, DOT_PRECISION,
+        )  # fmt: skip
     for n in range(full_end, end, BLOCK_N):
-        keys = n + offs_n
-        k, v = _load_kv(k_base, v_base, keys, keys < kv_len, stride_n, HEAD_DIM, True)
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k, v, keys, pos, kv_len, qk_scale, True, DOT_PRECISION
-        )
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n + offs_n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
+        )  # fmt: skip
 
     out_rows = (b * S + i) * HQ + h
     if DIRECT:  # a row that saw no key (l = 0, acc = 0) outputs 0, as the combine would
@@ -293,61 +287,45 @@ def _decode_split_kernel(
         tl.store(part_acc_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
         tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
-        # Every thread's stores, then one release-acquire increment at GPU scope: the program
-        # that counts last sees all the group's partials (read through L2, past stale L1 lines).
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr + bk, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            tl.atomic_xchg(arrivals_ptr + bk, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-            _combine_splits(
-                part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, b, kvh, S, HQ, GROUP, SPLITS,
-                HEAD_DIM, COMBINE_ROWS, BLOCK_SPLITS, COMBINE_CHUNK,
-            )  # fmt: skip
 
 
 @triton.jit
-def _combine_splits(
-    part_acc_ptr, part_max_ptr, part_sum_ptr, o_ptr, b, kvh, S, HQ, GROUP, SPLITS,
-    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """The kv group's output rows: each split's (max, sum, acc) rescaled by ``2^(m - max m)``,
-    summed in split order (the same result whichever program combines), divided."""
-    rows = tl.arange(0, ROWS)
-    i = rows // GROUP
-    row_ok = i < S
-    out_rows = (b * S + i) * HQ + kvh * GROUP + rows % GROUP
-    first_part = out_rows * SPLITS
-    # every split's max in one trip, then the sums and accumulators CHUNK splits a trip
-    offs_s = tl.arange(0, BLOCK_SPLITS)
-    all_max = tl.load(
-        part_max_ptr + first_part[:, None] + offs_s[None, :],
-        row_ok[:, None] & (offs_s < SPLITS)[None, :],
-        float("-inf"),
-        cache_modifier=".cg",
-    )
-    m = tl.max(all_max, 1)
+def _decode_combine_kernel(
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    o_ptr,
+    SPLITS,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One output row: each split's (max, sum, acc) rescaled by ``2^(m - max m)``, summed, divided."""
+    pdl.release(PDL)
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)  # (b, i, h) in the output's row order
+    splits = tl.arange(0, BLOCK_SPLITS)
+    m = tl.max(tl.load(part_max_ptr + row * SPLITS + splits, mask=splits < SPLITS, other=float("-inf")), 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)  # no split saw a row: all weights 0, output 0
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, HEAD_DIM)
-    total = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    total = tl.zeros([CHUNK], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
     for first in range(0, SPLITS, CHUNK):
-        ok = row_ok[:, None] & (first + offs_c < SPLITS)[None, :]
-        parts = first_part[:, None] + first + offs_c[None, :]
-        part_max = tl.load(part_max_ptr + parts, ok, float("-inf"), cache_modifier=".cg")
-        part_sum = tl.load(part_sum_ptr + parts, ok, 0.0, cache_modifier=".cg")
+        chunk = first + offs_c
+        ok = chunk < SPLITS
+        w = tl.math.exp2(tl.load(part_max_ptr + row * SPLITS + chunk, mask=ok, other=float("-inf")) - m_use)
+        total += w * tl.load(part_sum_ptr + row * SPLITS + chunk, mask=ok, other=0.0)
         part = tl.load(
-            part_acc_ptr + parts[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-            ok[:, :, None],
-            0.0,
-            cache_modifier=".cg",
+            part_acc_ptr + (row * SPLITS + chunk)[:, None] * HEAD_DIM + offs_d[None, :],
+            ok[:, None],
+            other=0.0,
         )
-        w = tl.math.exp2(part_max - m_use[:, None])
-        total += tl.sum(w * part_sum, 1)
-        acc += tl.sum(part * w[:, :, None], 1)
-    o = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    o_ptrs = o_ptr + out_rows[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        acc += tl.sum(part * w[:, None], 0)
+    denom = tl.sum(total, 0)
+    o = acc / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(o_ptr + row * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty))
 
 
 # ---- launch configuration ----------------------------------------------------------------------
@@ -405,7 +383,6 @@ def decode_scratch(
         torch.empty((*rows, dim), dtype=torch.float32, device=q.device),
         torch.empty(rows, dtype=torch.float32, device=q.device),
         torch.empty(rows, dtype=torch.float32, device=q.device),
-        torch.zeros((batch, k_cache.shape[2]), dtype=torch.int32, device=q.device),
     )
 
 
@@ -455,17 +432,14 @@ def _check_args(
     validate.positive("scale", scale)
 
 
-def _check_scratch(
-    scratch: DecodeScratch, q: torch.Tensor, k_cache: torch.Tensor, config: DecodeConfig
-) -> None:
-    rows = (*q.shape[:3], decode_splits(q.shape[0], k_cache.shape[2], k_cache.shape[1], config)[0])
-    for name, t, shape, dtype in (
-        ("scratch.acc", scratch.acc, (*rows, q.shape[3]), torch.float32),
-        ("scratch.max", scratch.max, rows, torch.float32),
-        ("scratch.sum", scratch.sum, rows, torch.float32),
-        ("scratch.arrivals", scratch.arrivals, (q.shape[0], k_cache.shape[2]), torch.int32),
+def _check_scratch(scratch: DecodeScratch, q: torch.Tensor, splits: int) -> None:
+    rows = (*q.shape[:3], splits)
+    for name, t, shape in (
+        ("scratch.acc", scratch.acc, (*rows, q.shape[3])),
+        ("scratch.max", scratch.max, rows),
+        ("scratch.sum", scratch.sum, rows),
     ):
-        validate.tensor(name, t, dtypes=(dtype,))
+        validate.tensor(name, t, dtypes=(torch.float32,))
         validate.shape(name, t, shape, "from decode_scratch(q, k_cache)")
         validate.contiguous(name, t)
 
@@ -502,23 +476,26 @@ def launch_decode(
     scratch: DecodeScratch,
     config: DecodeConfig,
 ) -> None:
-    """Launch the split kernel on checked arguments, ``scratch`` sized for ``config`` (its last
-    program per kv group combines the splits; a cache of one split is written straight to ``o``)."""
+    """Launch the split and combine kernels on checked arguments, ``scratch`` sized for ``config``
+    (the split kernel alone, writing ``o``, when the cache is one split)."""
     batch, seq, q_heads, dim = q.shape
     _, capacity, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
     splits, split_size = decode_splits(batch, kv_heads, capacity, config)
-    rows = triton.next_power_of_2(seq * group)
     _decode_split_kernel[(splits, batch * kv_heads)](
-        q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, scratch.arrivals, o,
-        scale * LOG2E, seq, capacity, q_heads, kv_heads, splits, split_size,
-        q.stride(0), q.stride(1), q.stride(2),
-        GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, rows), BLOCK_N=config.block_n,
-        DOT_PRECISION=_dot_precision(q.dtype), DIRECT=splits == 1,
-        COMBINE_ROWS=rows, BLOCK_SPLITS=triton.next_power_of_2(splits),
-        COMBINE_CHUNK=max(1, min(64 // rows, triton.next_power_of_2(splits))),
+        q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, o, scale * LOG2E, seq,
+        capacity, q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
+        GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(seq * group)),
+        BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype), DIRECT=splits == 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_options(),
+    )  # fmt: skip
+    if splits == 1:
+        return
+    _decode_combine_kernel[(batch * seq * q_heads,)](
+        scratch.acc, scratch.max, scratch.sum, o, splits, HEAD_DIM=dim,
+        BLOCK_SPLITS=max(16, triton.next_power_of_2(splits)), CHUNK=16,
+        num_warps=4 if dim >= 128 else 2, **pdl.launch_options(),
     )  # fmt: skip
 
 
@@ -545,7 +522,7 @@ def attention(
     _check_args(q, k_cache, v_cache, seq_lens, scale)
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
-    _, seq, q_heads, dim = q.shape
+    batch, seq, q_heads, dim = q.shape
     group = q_heads // k_cache.shape[2]
     decode = uses_decode_path(seq, group) if path == "auto" else path == "decode"
     if decode and seq * group > DECODE_MAX_ROWS:
@@ -564,7 +541,7 @@ def attention(
     if scratch is None:
         scratch = _cached_scratch(q, k_cache, config)
     else:
-        _check_scratch(scratch, q, k_cache, config)
+        _check_scratch(scratch, q, decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)[0])
     launch_decode(q, k_cache, v_cache, seq_lens, scale, o, scratch, config)
     return o
 
