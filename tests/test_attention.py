@@ -5,6 +5,7 @@ outside the contract are safe, and (GPU) one captured decode graph replays at ev
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -135,6 +136,18 @@ def test_decode_runs_on_preallocated_buffers_only(monkeypatch: pytest.MonkeyPatc
     assert (scratch.sum[1][..., empty] == 0).all() and (scratch.acc[1][..., empty, :] == 0).all()
     result = check(registry.get("attention"), case, lambda *args: out.clone())
     assert result.passed, result.describe()
+
+
+def test_unspecialized_sizes_are_kernel_parameters() -> None:
+    """``do_not_specialize`` ignores a name the kernel does not take: a typo would silently bring
+    back a compile per size."""
+    for kernel, names in (
+        (ops_attention._prefill_kernel, ops_attention.SIZES),
+        (ops_attention._decode_split_kernel, (*ops_attention.SIZES, "SPLITS", "SPLIT_SIZE")),
+        (ops_attention._decode_combine_kernel, ("SPLITS",)),
+    ):
+        params = inspect.signature(kernel.fn).parameters
+        assert set(names) <= set(params), f"{kernel.fn.__name__}: {set(names) - set(params)}"
 
 
 def test_decode_split_count_depends_on_shapes_only() -> None:
