@@ -17,6 +17,7 @@ CONFIGS = [
     GemmConfig("gemv", 1, 4, 32, num_stages=1),
     GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2),
     GemmConfig("gemv", 1, 16, 16, split_k=8),
+    GemmConfig("gemv", 1, 4, 256, num_stages=2, programs=3),  # persistent: x prepared once per program
 ]
 SHAPES = [  # m, n, k, dtype: a K tail, EVEN_K (k=128), N=1, fp32
     (1, 65, 129, "bfloat16"),

@@ -29,6 +29,8 @@ CONFIGS = [
     GemmConfig("gemv", 1, 4, 32),
     GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2),
     GemmConfig("gemv", 1, 16, 16, split_k=8),
+    GemmConfig("gemv", 1, 4, 256, num_stages=2, programs=3),  # persistent: blocks 0, 3, 6, ...
+    GemmConfig("gemv", 1, 16, 128, num_stages=1, programs=2),  # EVEN_K at K=128
     GemmConfig("tiled", 16, 32, 32),
     GemmConfig("tiled", 32, 64, 64, split_k=4, group_m=2),
     GemmConfig("tiled", 64, 16, 16, split_k=2, group_m=1),
@@ -46,7 +48,8 @@ PATHS = [
     pytest.param(config, shape, id=f"{config.describe()}-M{shape[0]}-N{shape[1]}-K{shape[2]}")
     for config in CONFIGS
     for shape in SHAPES
-    if config.kernel == "tiled" or shape[0] <= gemm.GEMV_MAX_M
+    if (config.kernel == "tiled" or shape[0] <= gemm.GEMV_MAX_M)
+    and not (config.programs and shape[2] > config.block_k)  # persistent: K in one step
 ]
 
 
@@ -56,6 +59,17 @@ def test_every_kernel_path_matches_reference(config: GemmConfig, shape: tuple) -
     case = _linear_case(m, n, k, **extra)
     result = check(LINEAR, case, lambda x, w, b: gemm.launch(x, w, b, config))
     assert result.passed, result.describe()
+
+
+def test_persistent_gemv_refuses_k_past_one_step() -> None:
+    case = _linear_case(1, 64, 300)
+    config = GemmConfig("gemv", 1, 4, 256, num_stages=2, programs=8)
+    with pytest.raises(ValueError, match="K=300 for BLOCK_K=256"):
+        gemm.launch(*case.args, config)
+    with pytest.raises(ValueError, match=r"config\.programs"):
+        GemmConfig("tiled", 16, 16, 16, programs=4)
+    with pytest.raises(ValueError, match=r"config\.programs"):
+        GemmConfig("gemv", 1, 4, 256, split_k=2, programs=4)
 
 
 def test_gemv_config_refuses_large_m() -> None:
@@ -241,6 +255,8 @@ def test_config_descriptions_parse_back() -> None:
     for config in gemm.CONFIGS.values():
         assert gemm.GemmConfig.parse(config.describe()) == config
     assert gemm.GemmConfig.parse("gemv n2 k512 splitK4 w4 s4").split_k == 4
+    persistent = gemm.GemmConfig.parse("gemv n8 k1024 w4 s2 p264")
+    assert persistent.programs == 264 and persistent.describe() == "gemv n8 k1024 w4 s2 p264"
     for bad in ("gemv 8 k512 w4 s4", "gemv n8 k512 w4", "gemv n8 k512 w4 s4 s3", "tiled 64 k64 w4 s3"):
         with pytest.raises(ValueError, match=r"expected e\.g\."):
             gemm.GemmConfig.parse(bad)

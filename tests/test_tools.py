@@ -174,3 +174,15 @@ def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:
     with gemm_overrides(overrides):
         assert gemm.table_config(1, 9728, 1024) == overrides[(1, 9728, 1024)]
     assert before == gemm.CONFIGS
+
+
+def test_sweep_offers_persistent_gemvs_only_where_k_fits_one_step() -> None:
+    from ops.gemm import GemmConfig
+    from verify.bench.gemm import _config_source, candidates_for
+
+    down = candidates_for(1, 1024, 4864)
+    assert any(c.programs for c in down)
+    assert all(c.block_k >= 4864 for c in down if c.programs)
+    assert not any(c.programs for c in candidates_for(1, 64, 20000))
+    assert not any(c.programs for c in candidates_for(256, 1024, 1024))  # prefill: tiled only
+    assert _config_source(GemmConfig.parse("gemv n8 k1024 w4 s2 p264")) == "_gemv(8, 1024, 1, 4, 2, 264)"
