@@ -145,14 +145,24 @@ def _gemv_chunk(
     PROLOGUE: tl.constexpr, MASKED: tl.constexpr, BLOCK_M: tl.constexpr, ONE_STEP: tl.constexpr,
 ):  # fmt: skip
     """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w."""
+    k_ok = offs_k < k_left
+    a = x_ptrs  # placeholders for the operands a prologue does not have
+    scale = inv_rms
     if MASKED:  # the K tail: masked lanes read 0 and add nothing
-        w = tl.load(w_ptrs, mask=(offs_k < k_left)[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     else:
+        x = tl.load(x_ptrs)
         w = tl.load(w_ptrs)
-    x = _gemv_x_chunk(
-        x_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, store_sum, k_left, K, eps,
-        PROLOGUE, MASKED, ONE_STEP,
-    )  # fmt: skip
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
+    x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps, PROLOGUE, ONE_STEP)
     prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     if BLOCK_M == 1:
         acc += prod
@@ -162,35 +172,24 @@ def _gemv_chunk(
 
 
 @triton.jit
-def _gemv_x_chunk(
-    x_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, store_sum, k_left, K, eps,
-    PROLOGUE: tl.constexpr, MASKED: tl.constexpr, ONE_STEP: tl.constexpr,
+def _gemv_prologue(
+    x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps,
+    PROLOGUE: tl.constexpr, ONE_STEP: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_K chunk of x, through the prologue (rounded to x's dtype as the unfused op)."""
-    k_ok = offs_k < k_left
-    if MASKED:
-        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-        if PROLOGUE == "add_rms_norm":
-            scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    else:
-        x = tl.load(x_ptrs)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs)
-        if PROLOGUE == "add_rms_norm":
-            scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
+    """A loaded x chunk through the prologue, rounded to x's dtype as the unfused op's output is:
+    ``"add_rms_norm"`` ((x + a) * inv_rms * scale; ``store_sum`` stores x + a to ``sum_ptrs``; with
+    ``ONE_STEP`` the chunk is the whole row and gives inv_rms), ``"silu_mul"`` (silu(x) * a)."""
     if PROLOGUE == "add_rms_norm":
-        total = (x.to(tl.float32) + a.to(tl.float32)).to(x_ptrs.dtype.element_ty)
+        total = (x.to(tl.float32) + a.to(tl.float32)).to(x.dtype)
         if store_sum:
             tl.store(sum_ptrs, total, mask=(offs_m[:, None] < M) & k_ok[None, :])
         if ONE_STEP:  # masked lanes hold 0: the sum of squares is the row's
             squares = total.to(tl.float32) * total.to(tl.float32)
             inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
-        x = (total.to(tl.float32) * inv_rms[:, None] * scale[None, :]).to(x_ptrs.dtype.element_ty)
+        x = (total.to(tl.float32) * inv_rms[:, None] * scale[None, :]).to(x.dtype)
     elif PROLOGUE == "silu_mul":
         gate = x.to(tl.float32)
-        x = (gate * tl.sigmoid(gate) * a.to(tl.float32)).to(x_ptrs.dtype.element_ty)
+        x = (gate * tl.sigmoid(gate) * a.to(tl.float32)).to(x.dtype)
     return x
 
 
@@ -336,18 +335,31 @@ def _gemv_persistent_kernel(
     x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     sum_ptrs = sum_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
+    k_ok = offs_k < K
     masked: tl.constexpr = not EVEN_K
     pdl.wait(PDL)
-    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)  # one K step: the chunk computes it
-    x = _gemv_x_chunk(
-        x_ptrs, a_ptrs, sum_ptrs, norm_ptr, inv_rms, offs_k, offs_m, M, pid == 0, K, K, eps,
-        PROLOGUE, masked, True,
-    ).to(tl.float32)  # fmt: skip
+    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)  # one K step: the prologue computes it
+    a = x_ptrs  # placeholders for the operands a prologue does not have
+    scale = inv_rms
+    if masked:
+        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(x_ptrs)
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptr + offs_k).to(tl.float32)
+    x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, pid == 0, K, eps, PROLOGUE, True)
+    x = x.to(tl.float32)
     for block in tl.range(pid, tl.cdiv(N, BLOCK_N), tl.num_programs(0), num_stages=NUM_STAGES):
         offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
         w_ptrs = w_ptr + (offs_n % N).to(tl.int64)[:, None] * stride_wn + offs_k[None, :] * stride_wk
         if masked:
-            w = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
         else:
             w = tl.load(w_ptrs)
         acc = tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
