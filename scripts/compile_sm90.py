@@ -1,0 +1,167 @@
+"""Compile every kernel the ops launch for the H200 (sm_90, PDL on), on a machine without a GPU.
+
+The interpreter never compiles a kernel, and the ``PDL`` branches compile away there, so a
+kernel that only breaks in codegen would otherwise first fail on the GPU. This runs each
+registered op's typical case and the article config's projections (decode and a 256-token
+prefill) and long-cache decode attention with the kernels
+swapped for recorders (nothing executes), specializes each launch's arguments as Triton's JIT
+would (``1`` and multiples of 16, 16-byte aligned pointers, ``do_not_specialize`` honoured),
+compiles it to PTX, and reports per launch the global-load instruction mix: scalar 16-bit loads
+in a decode GEMM mean its weight stream lost its 16-byte vectors.
+
+Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a kernel fails to compile)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.compiler import ASTSource
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = GPUTarget("cuda", 90, 32)
+LOADS = re.compile(r"\b(?:ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)")
+ARTICLE_DECODE = {"qkv_proj": (1536, 1024), "o_proj": (1024, 1024), "gate_up_proj": (9728, 1024),
+                  "down_proj": (1024, 4864), "lm_head": (151936, 1024)}  # fmt: skip
+
+
+class Recorder:
+    """Stands in for a kernel: ``kernel[grid](...)`` compiles the launch instead of running it."""
+
+    def __init__(self, module: str, name: str, kernel: triton.runtime.JITFunction, results: dict) -> None:
+        self.module, self.name, self.kernel, self.results = module, name, kernel, results
+        self.label = ""
+
+    def __getitem__(self, grid: object):
+        return self.launch
+
+    def launch(self, *args: object, **kwargs: object) -> None:
+        k = self.kernel
+        bound = dict(zip(k.arg_names, args, strict=False)) | {
+            n: v for n, v in kwargs.items() if n in k.arg_names
+        }
+        signature, constexprs, attrs = {}, {}, {}
+        for i, param in enumerate(k.params):
+            value = bound.get(param.name, param.default)
+            if param.is_constexpr:
+                signature[param.name], constexprs[(i,)] = "constexpr", value
+                continue
+            specialize, align = not param.do_not_specialize, not param.do_not_specialize_on_alignment
+            kind, key = native_specialize_impl(BaseBackend, value, False, specialize, align)
+            if kind == "constexpr":  # an int specialized to 1
+                signature[param.name], constexprs[(i,)] = "constexpr", key
+            else:
+                signature[param.name] = kind
+                if key == "D":
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        options = {n: kwargs[n] for n in ("num_warps", "num_stages") if n in kwargs}
+        key = repr((self.name, sorted(signature.items()), sorted(constexprs.items()), sorted(attrs), options))
+        if key in self.results:
+            self.results[key]["used_by"].add(self.label)
+            return
+        declared = {i for i, p in enumerate(k.params) if p.is_constexpr}
+        entry = {
+            "kernel": f"{self.module}.{self.name}",
+            "used_by": {self.label},
+            "constexprs": {k.arg_names[i]: v for (i,), v in constexprs.items() if i in declared},
+        }
+        try:
+            source = ASTSource(fn=k, signature=signature, constexprs=constexprs, attrs=attrs)
+            compiled = triton.compile(source, target=TARGET, options={**options, "launch_pdl": True})
+            entry["loads"] = dict(collections.Counter(LOADS.findall(compiled.asm["ptx"])))
+        except Exception as error:  # reported per launch; the run goes on
+            entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        self.results[key] = entry
+
+
+def install_recorders(results: dict) -> list[Recorder]:
+    """Import the ops as the GPU build (CUDA backend, PDL on, the H200's 132 SMs) taking CPU
+    tensors, and swap every ``*_kernel`` for a recorder."""
+    os.environ["TRITONCHECK_BACKEND"] = "cuda"
+    torch.cuda.is_available = lambda: True  # only the choice of backend asks; nothing launches
+    sys.path.insert(0, str(ROOT))
+    backend = importlib.import_module("ops.backend")
+    backend.device = lambda: torch.device("cpu")
+    importlib.import_module("ops.pdl").enabled = lambda: True
+    importlib.import_module("ops.attention")._sm_count = lambda: 132
+    importlib.import_module("registry")  # imports every op module
+    recorders = []
+    for module_name, module in sorted(sys.modules.items()):
+        if not module_name.startswith("ops.") or module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            if name.endswith("_kernel") and isinstance(value, triton.runtime.JITFunction):
+                recorder = Recorder(module_name, name, value, results)
+                setattr(module, name, recorder)
+                recorders.append(recorder)
+    return recorders
+
+
+def run_ops(recorders: list[Recorder]) -> None:
+    import registry
+    from ops import attention, fused_linear, gemm
+
+    def label(text: str) -> None:
+        for r in recorders:
+            r.label = text
+
+    for spec in registry.all():
+        label(f"{spec.name} (typical case)")
+        case = spec.build(spec.typical, torch.device("cpu"))
+        spec.impl(*case.args, **case.kwargs)
+    hidden = 1024
+    for proj, (n, k) in ARTICLE_DECODE.items():
+        label(f"article decode {proj}")
+        x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+        gemm.linear(x, w)
+        if k == hidden:  # the norm fuses into the projections that read the residual stream
+            norm = torch.empty(k, dtype=torch.bfloat16)
+            fused_linear.add_rms_norm_linear(x, torch.empty_like(x), norm, 1e-6, w)
+        else:
+            gate_up = torch.empty(1, 2 * k, dtype=torch.bfloat16)
+            fused_linear.silu_mul_linear(gate_up[:, :k], gate_up[:, k:], w)
+        label(f"article prefill {proj}")
+        gemm.linear(torch.empty(256, k, dtype=torch.bfloat16), w)
+        label(f"article decode {proj}, persistent")
+        config = gemm.table_config(1, n, k)
+        persistent = config.replace(block_k=triton.next_power_of_2(k), split_k=1, num_stages=2, programs=264)
+        gemm.launch(x, w, None, persistent)
+
+    label("article decode attention, cache 4096")  # long enough to be split: the combine runs
+    q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
+    cache = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
+    attention.attention(q, cache, cache, torch.full((1,), 4096, dtype=torch.int32), 128**-0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python scripts/compile_sm90.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    results: dict = {}
+    run_ops(install_recorders(results))
+    rows = sorted(results.values(), key=lambda e: e["kernel"])
+    for entry in rows:
+        entry["used_by"] = sorted(entry["used_by"])
+        what = entry.get("error") or " ".join(f"{n}:{c}" for n, c in sorted(entry["loads"].items()))
+        print(f"{entry['kernel']:40} {', '.join(entry['used_by'])[:60]:60} {what}")
+    failed = [e for e in rows if "error" in e]
+    ok = len(rows) - len(failed)
+    print(f"\n{len(rows)} distinct launches: {ok} compiled for sm_90, {len(failed)} failed")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Every kernel compiles for the H200 (sm_90, PDL on) without a GPU (``scripts/compile_sm90.py``):
+the interpreter never compiles, so codegen-only breakage (a PDL branch, a bad constexpr, lost
+alignment) is caught here, in CI, and not first on the GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.test_pdl import KERNELS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_kernel_compiles_for_sm90_and_decode_gemvs_load_16_bytes(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONCHECK_BACKEND")}
+    out = tmp_path / "launches.json"
+    run = subprocess.run(
+        [sys.executable, "scripts/compile_sm90.py", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    launches = json.loads(out.read_text())
+    compiled = {entry["kernel"].rsplit(".", 1)[1] for entry in launches}
+    defined = {name.split(":")[1] for name, _ in KERNELS}
+    assert defined <= compiled, f"never launched, so never compiled: {sorted(defined - compiled)}"
+    decode = [
+        e
+        for e in launches
+        if e["kernel"].startswith("ops.gemm._gemv") and "article decode" in e["used_by"][0]
+    ]
+    assert len(decode) >= 8
+    for entry in decode:  # the weight stream in 16-byte loads or cp.async copies, never 2-byte ones
+        assert not any(op.endswith(".b16") for op in entry["loads"]), entry
