@@ -2,7 +2,7 @@
 # Everything the GPU must confirm, in one device call (device time is scarce): the test suite
 # on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
 # article preset, then the model benchmark. Logs go to $OUT (default ./out).
-# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention
+# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention persistent
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
@@ -41,6 +41,12 @@ for stage in $stages; do
         thorough) run thorough 550 env HYPOTHESIS_PROFILE=thorough python -m pytest -n 16 -x -q -p no:cacheprovider \
             tests/test_ops.py -k test_matches_reference ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
+        # the persistent gemv inside the decode step, for the two projections that lose most there
+        persistent) run persistent 300 python -m verify.bench model --preset article \
+            --skip unfused,eager,reference,compile,hf --repeat 3 --profile \
+            --try-config '9728x1024=gemv n8 k1024 w4 s2 p264' --try-config '9728x1024=gemv n4 k1024 w4 s2 p528' \
+            --try-config '1024x4864=gemv n2 k8192 w8 s2 p264' --try-config '1024x4864=gemv n1 k8192 w8 s3 p528' \
+            --try-config '9728x1024=gemv n8 k1024 w4 s2 p264;1024x4864=gemv n2 k8192 w8 s2 p264' ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
