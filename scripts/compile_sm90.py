@@ -7,7 +7,9 @@ prefill) and long-cache decode attention with the kernels
 swapped for recorders (nothing executes), specializes each launch's arguments as Triton's JIT
 would (``1`` and multiples of 16, 16-byte aligned pointers, ``do_not_specialize`` honoured),
 compiles it to PTX, and reports per launch the global-load instruction mix: scalar 16-bit loads
-in a decode GEMM mean its weight stream lost its 16-byte vectors.
+in a decode GEMM mean its weight stream lost its 16-byte vectors. It also fails a launch whose
+PTX touches global memory before ``griddepcontrol.wait``: the PDL contract of ``ops/pdl.py``
+(tests/test_pdl.py checks the source; this checks what the compiler made of it).
 
 Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a kernel fails to compile)
 """
@@ -32,6 +34,8 @@ from triton.compiler import ASTSource
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = GPUTarget("cuda", 90, 32)
 LOADS = re.compile(r"\b(?:ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)")
+# the first instruction that touches global memory (a predicate may guard it)
+MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
 ARTICLE_DECODE = {"qkv_proj": (1536, 1024), "o_proj": (1024, 1024), "gate_up_proj": (9728, 1024),
                   "down_proj": (1024, 4864), "lm_head": (151936, 1024)}  # fmt: skip
 
@@ -79,7 +83,11 @@ class Recorder:
         try:
             source = ASTSource(fn=k, signature=signature, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=TARGET, options={**options, "launch_pdl": True})
-            entry["loads"] = dict(collections.Counter(LOADS.findall(compiled.asm["ptx"])))
+            ptx = compiled.asm["ptx"]
+            entry["loads"] = dict(collections.Counter(LOADS.findall(ptx)))
+            wait, first = ptx.find("griddepcontrol.wait"), MEMORY.search(ptx)
+            if wait < 0 or (first is not None and first.start() < wait):
+                entry["error"] = "PDL: global memory is touched before griddepcontrol.wait in the PTX"
         except Exception as error:  # reported per launch; the run goes on
             entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
         self.results[key] = entry

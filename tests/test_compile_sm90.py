@@ -1,6 +1,8 @@
 """Every kernel compiles for the H200 (sm_90, PDL on) without a GPU (``scripts/compile_sm90.py``):
 the interpreter never compiles, so codegen-only breakage (a PDL branch, a bad constexpr, lost
-alignment) is caught here, in CI, and not first on the GPU."""
+alignment) is caught here, in CI, and not first on the GPU. The script also fails a kernel whose
+PTX touches global memory before ``griddepcontrol.wait`` (a load planted above the wait in
+``_rms_norm_kernel`` was caught so)."""
 
 from __future__ import annotations
 
