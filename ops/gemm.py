@@ -223,6 +223,7 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
     ONE_STEP: tl.constexpr = False,
+    EVEN_K: tl.constexpr = False,
     NORM_BLOCK: tl.constexpr = 1024,
 ):
     """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split.
@@ -265,24 +266,31 @@ def _gemv_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # Whole BLOCK_K chunks without masks (masked loads lose their 16-byte vectors), then the tail.
-    # tl.range pipelines these loads (the num_stages launch option only pipelines loads into tl.dot).
-    k_full = k_len // BLOCK_K * BLOCK_K
-    for _ in tl.range(0, k_full, BLOCK_K, num_stages=NUM_STAGES):
+    if ONE_STEP:  # K in one chunk, straight-line: no loop and no second (tail) copy of the chunk
+        one_chunk_masked: tl.constexpr = not EVEN_K
         acc = _gemv_chunk(
             acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
-            BLOCK_K, K, eps, PROLOGUE, False, BLOCK_M, ONE_STEP,
+            K, K, eps, PROLOGUE, one_chunk_masked, BLOCK_M, ONE_STEP,
         )  # fmt: skip
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
-        a_ptrs += BLOCK_K * stride_ak
-        sum_ptrs += BLOCK_K
-        norm_ptrs += BLOCK_K
-    if k_full < k_len:
-        acc = _gemv_chunk(
-            acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
-            k_len - k_full, K, eps, PROLOGUE, True, BLOCK_M, ONE_STEP,
-        )  # fmt: skip
+    else:
+        # Whole BLOCK_K chunks without masks (masked loads lose their 16-byte vectors), then the
+        # tail. tl.range pipelines these loads (num_stages only pipelines loads into tl.dot).
+        k_full = k_len // BLOCK_K * BLOCK_K
+        for _ in tl.range(0, k_full, BLOCK_K, num_stages=NUM_STAGES):
+            acc = _gemv_chunk(
+                acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
+                BLOCK_K, K, eps, PROLOGUE, False, BLOCK_M, ONE_STEP,
+            )  # fmt: skip
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+            a_ptrs += BLOCK_K * stride_ak
+            sum_ptrs += BLOCK_K
+            norm_ptrs += BLOCK_K
+        if k_full < k_len:
+            acc = _gemv_chunk(
+                acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
+                k_len - k_full, K, eps, PROLOGUE, True, BLOCK_M, ONE_STEP,
+            )  # fmt: skip
     pdl.release(PDL)  # after the stream, not before: see ops.pdl
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=2)
@@ -746,6 +754,7 @@ def run(
             HAS_BIAS=fused_bias,
             PROLOGUE=p.kind,
             ONE_STEP=split == 1 and k <= block_k,
+            EVEN_K=k % block_k == 0,
             NORM_BLOCK=min(triton.next_power_of_2(k), MAX_NORM_BLOCK),
             BLOCK_M=block_m,
             BLOCK_N=block_n,

@@ -41,9 +41,12 @@ for stage in $stages; do
         thorough) run thorough 550 env HYPOTHESIS_PROFILE=thorough python -m pytest -n 16 -x -q -p no:cacheprovider \
             tests/test_ops.py -k test_matches_reference ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
-        # the persistent gemv inside the decode step, for the two projections that lose most there
+        # decode-step candidates for the two projections that lose most there: gate_up in one K
+        # step (the straight-line one-step path uses half the registers of the old loop) and the
+        # persistent gemv for gate_up and down
         persistent) run persistent 300 python -m verify.bench model --preset article \
             --skip unfused,eager,reference,compile,hf --repeat 3 --profile \
+            --try-config '9728x1024=gemv n4 k1024 w4 s1' --try-config '9728x1024=gemv n8 k1024 w4 s1' \
             --try-config '9728x1024=gemv n8 k1024 w4 s2 p264' --try-config '9728x1024=gemv n4 k1024 w4 s2 p528' \
             --try-config '1024x4864=gemv n2 k8192 w8 s2 p264' --try-config '1024x4864=gemv n1 k8192 w8 s3 p528' \
             --try-config '9728x1024=gemv n8 k1024 w4 s2 p264;1024x4864=gemv n2 k8192 w8 s2 p264' ;;
