@@ -2,16 +2,16 @@
 
 The interpreter never compiles a kernel, and the ``PDL`` branches compile away there, so a
 kernel that only breaks in codegen would otherwise first fail on the GPU. This runs each
-registered op's typical case and the article config's projections (decode and a 256-token
-prefill) and long-cache decode attention with the kernels
-swapped for recorders (nothing executes), specializes each launch's arguments as Triton's JIT
-would (``1`` and multiples of 16, 16-byte aligned pointers, ``do_not_specialize`` honoured),
-compiles it to PTX, and reports per launch the global-load instruction mix: scalar 16-bit loads
-in a decode GEMM mean its weight stream lost its 16-byte vectors. It also fails a launch whose
+registered op's typical case, the article config's projections (decode and a 256-token
+prefill) and a long-cache decode attention with the kernels swapped for recorders (nothing
+executes), specializes each launch's arguments as Triton's JIT would (``1`` and multiples of
+16, 16-byte aligned pointers, ``do_not_specialize`` honoured), compiles it to PTX, and reports
+per launch the global-load instruction mix: scalar 16-bit loads in a decode GEMM mean its
+weight stream lost its 16-byte vectors. A launch fails when it does not compile, or when its
 PTX touches global memory before ``griddepcontrol.wait``: the PDL contract of ``ops/pdl.py``
 (tests/test_pdl.py checks the source; this checks what the compiler made of it).
 
-Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a kernel fails to compile)
+Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a launch fails)
 """
 
 from __future__ import annotations
