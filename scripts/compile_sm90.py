@@ -6,10 +6,11 @@ registered op's typical case, the article config's projections (decode and a 256
 prefill) and a long-cache decode attention with the kernels swapped for recorders (nothing
 executes), specializes each launch's arguments as Triton's JIT would (``1`` and multiples of
 16, 16-byte aligned pointers, ``do_not_specialize`` honoured), compiles it to PTX, and reports
-per launch the global-load instruction mix: scalar 16-bit loads in a decode GEMM mean its
-weight stream lost its 16-byte vectors. A launch fails when it does not compile, or when its
-PTX touches global memory before ``griddepcontrol.wait``: the PDL contract of ``ops/pdl.py``
-(tests/test_pdl.py checks the source; this checks what the compiler made of it).
+per launch its registers and spills (ptxas) and its global-load instruction mix: scalar 16-bit
+loads in a decode GEMM mean its weight stream lost its 16-byte vectors. A launch fails when it
+does not compile, or when its PTX touches global memory before ``griddepcontrol.wait``: the
+PDL contract of ``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the
+compiler made of it).
 
 Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a launch fails)
 """
@@ -22,11 +23,14 @@ import importlib
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import triton
+from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
@@ -85,12 +89,28 @@ class Recorder:
             compiled = triton.compile(source, target=TARGET, options={**options, "launch_pdl": True})
             ptx = compiled.asm["ptx"]
             entry["loads"] = dict(collections.Counter(LOADS.findall(ptx)))
+            entry["registers"], entry["spill_bytes"] = _register_use(ptx)
             wait, first = ptx.find("griddepcontrol.wait"), MEMORY.search(ptx)
             if wait < 0 or (first is not None and first.start() < wait):
                 entry["error"] = "PDL: global memory is touched before griddepcontrol.wait in the PTX"
         except Exception as error:  # reported per launch; the run goes on
             entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
         self.results[key] = entry
+
+
+def _register_use(ptx: str) -> tuple[int, int]:
+    """Registers per thread and bytes spilled (stores), as ptxas reports them for sm_90a: what
+    bounds how many programs an SM holds, and so the bytes a GEMV keeps in flight."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.ptx"
+        path.write_text(ptx)
+        report = subprocess.run(
+            [knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", str(path), "-o", os.devnull],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return int(registers.group(1)) if registers else -1, int(spills.group(1)) if spills else 0
 
 
 def install_recorders(results: dict) -> list[Recorder]:
@@ -128,24 +148,22 @@ def run_ops(recorders: list[Recorder]) -> None:
         label(f"{spec.name} (typical case)")
         case = spec.build(spec.typical, torch.device("cpu"))
         spec.impl(*case.args, **case.kwargs)
-    hidden = 1024
-    for proj, (n, k) in ARTICLE_DECODE.items():
+    for proj, (n, k) in ARTICLE_DECODE.items():  # launched as the model launches them
         label(f"article decode {proj}")
         x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
-        gemm.linear(x, w)
-        if k == hidden:  # the norm fuses into the projections that read the residual stream
-            norm = torch.empty(k, dtype=torch.bfloat16)
-            fused_linear.add_rms_norm_linear(x, torch.empty_like(x), norm, 1e-6, w)
-        else:
+        if proj in ("qkv_proj", "gate_up_proj"):  # residual add + RMSNorm in the prologue
+            fused_linear.add_rms_norm_linear(x, torch.empty_like(x), torch.empty(k, dtype=x.dtype), 1e-6, w)
+        if proj == "down_proj":  # SwiGLU in the prologue
             gate_up = torch.empty(1, 2 * k, dtype=torch.bfloat16)
             fused_linear.silu_mul_linear(gate_up[:, :k], gate_up[:, k:], w)
+        if proj in ("qkv_proj", "o_proj", "lm_head"):  # plain (layer 0's qkv_proj, o_proj, lm_head)
+            gemm.linear(x, w)
         label(f"article prefill {proj}")
         gemm.linear(torch.empty(256, k, dtype=torch.bfloat16), w)
         label(f"article decode {proj}, persistent")
         config = gemm.table_config(1, n, k)
         persistent = config.replace(block_k=triton.next_power_of_2(k), split_k=1, num_stages=2, programs=264)
         gemm.launch(x, w, None, persistent)
-
     label("article decode attention, cache 4096")  # long enough to be split: the combine runs
     q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
     cache = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
@@ -162,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     for entry in rows:
         entry["used_by"] = sorted(entry["used_by"])
         what = entry.get("error") or " ".join(f"{n}:{c}" for n, c in sorted(entry["loads"].items()))
+        if "registers" in entry:
+            what = f"regs {entry['registers']:3} spill {entry['spill_bytes']:3}  {what}"
         print(f"{entry['kernel']:40} {', '.join(entry['used_by'])[:60]:60} {what}")
     failed = [e for e in rows if "error" in e]
     ok = len(rows) - len(failed)

@@ -37,3 +37,4 @@ def test_every_kernel_compiles_for_sm90_and_decode_gemvs_load_16_bytes(tmp_path:
     assert len(decode) >= 8
     for entry in decode:  # the weight stream in 16-byte loads or cp.async copies, never 2-byte ones
         assert not any(op.endswith(".b16") for op in entry["loads"]), entry
+        assert entry["spill_bytes"] == 0, entry  # registers are printed; spills are never right here
