@@ -6,8 +6,10 @@ registered op's typical case, the article config's projections (decode and a 256
 prefill) and a long-cache decode attention with the kernels swapped for recorders (nothing
 executes), specializes each launch's arguments as Triton's JIT would (``1`` and multiples of
 16, 16-byte aligned pointers, ``do_not_specialize`` honoured), compiles it to PTX, and reports
-per launch its registers and spills (ptxas) and its global-load instruction mix: scalar 16-bit
-loads in a decode GEMM mean its weight stream lost its 16-byte vectors. A launch fails when it
+per launch its registers and spills (ptxas), shared memory, how many of its programs an SM
+holds and so in how many waves its grid runs (a partial last wave idles SMs), and its
+global-load instruction mix: scalar 16-bit loads in a decode GEMM mean its weight stream lost
+its 16-byte vectors. A launch fails when it
 does not compile, or when its PTX touches global memory before ``griddepcontrol.wait``: the
 PDL contract of ``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the
 compiler made of it).
@@ -21,6 +23,7 @@ import argparse
 import collections
 import importlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -37,6 +40,7 @@ from triton.compiler import ASTSource
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = GPUTarget("cuda", 90, 32)
+SMS = 132  # the H200's
 LOADS = re.compile(r"\b(?:ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
 MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
@@ -49,9 +53,10 @@ class Recorder:
 
     def __init__(self, module: str, name: str, kernel: triton.runtime.JITFunction, results: dict) -> None:
         self.module, self.name, self.kernel, self.results = module, name, kernel, results
-        self.label = ""
+        self.label, self.grid = "", (1,)
 
-    def __getitem__(self, grid: object):
+    def __getitem__(self, grid: tuple[int, ...]):
+        self.grid = grid
         return self.launch
 
     def launch(self, *args: object, **kwargs: object) -> None:
@@ -76,12 +81,12 @@ class Recorder:
         options = {n: kwargs[n] for n in ("num_warps", "num_stages") if n in kwargs}
         key = repr((self.name, sorted(signature.items()), sorted(constexprs.items()), sorted(attrs), options))
         if key in self.results:
-            self.results[key]["used_by"].add(self.label)
+            self.results[key]["launches"][self.label] = math.prod(self.grid)
             return
         declared = {i for i, p in enumerate(k.params) if p.is_constexpr}
         entry = {
             "kernel": f"{self.module}.{self.name}",
-            "used_by": {self.label},
+            "launches": {self.label: math.prod(self.grid)},  # what launched it: its program count
             "constexprs": {k.arg_names[i]: v for (i,), v in constexprs.items() if i in declared},
         }
         try:
@@ -90,6 +95,9 @@ class Recorder:
             ptx = compiled.asm["ptx"]
             entry["loads"] = dict(collections.Counter(LOADS.findall(ptx)))
             entry["registers"], entry["spill_bytes"] = _register_use(ptx)
+            entry["shared_bytes"] = compiled.metadata.shared
+            threads = 32 * compiled.metadata.num_warps
+            entry["programs_per_sm"] = _programs_per_sm(entry["registers"], threads, entry["shared_bytes"])
             wait, first = ptx.find("griddepcontrol.wait"), MEMORY.search(ptx)
             if wait < 0 or (first is not None and first.start() < wait):
                 entry["error"] = "PDL: global memory is touched before griddepcontrol.wait in the PTX"
@@ -111,6 +119,14 @@ def _register_use(ptx: str) -> tuple[int, int]:
     registers = re.search(r"Used (\d+) registers", report)
     spills = re.search(r"(\d+) bytes spill stores", report)
     return int(registers.group(1)) if registers else -1, int(spills.group(1)) if spills else 0
+
+
+def _programs_per_sm(registers: int, threads: int, shared: int) -> int:
+    """How many programs of a kernel one Hopper SM holds: 2048 threads, 64K registers (allocated
+    per thread in steps of 8), 228 KB of shared memory (1 KB reserved per program), 32 programs."""
+    by_registers = 65536 // (-(-max(registers, 1) // 8) * 8 * threads)
+    by_shared = (228 * 1024) // (shared + 1024)
+    return max(0, min(2048 // threads, by_registers, by_shared, 32))
 
 
 def install_recorders(results: dict) -> list[Recorder]:
@@ -177,12 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     run_ops(install_recorders(results))
     rows = sorted(results.values(), key=lambda e: e["kernel"])
+    print(f"{'kernel':38} {'launched for':40} regs spill smem/KB per-SM programs waves  global loads")
     for entry in rows:
-        entry["used_by"] = sorted(entry["used_by"])
-        what = entry.get("error") or " ".join(f"{n}:{c}" for n, c in sorted(entry["loads"].items()))
-        if "registers" in entry:
-            what = f"regs {entry['registers']:3} spill {entry['spill_bytes']:3}  {what}"
-        print(f"{entry['kernel']:40} {', '.join(entry['used_by'])[:60]:60} {what}")
+        for label, programs in entry["launches"].items():
+            if "error" in entry:
+                print(f"{entry['kernel']:38} {label[:40]:40} {entry['error']}")
+                continue
+            per_sm = entry["programs_per_sm"]
+            waves = programs / (per_sm * SMS) if per_sm else float("inf")
+            loads = " ".join(f"{n}:{c}" for n, c in sorted(entry["loads"].items()))
+            print(
+                f"{entry['kernel']:38} {label[:40]:40} {entry['registers']:4} {entry['spill_bytes']:5} "
+                f"{entry['shared_bytes'] / 1024:7.1f} {per_sm:6} {programs:8} {waves:5.2f}  {loads}"
+            )
     failed = [e for e in rows if "error" in e]
     ok = len(rows) - len(failed)
     print(f"\n{len(rows)} distinct launches: {ok} compiled for sm_90, {len(failed)} failed")
