@@ -180,10 +180,11 @@ def run_ops(recorders: list[Recorder]) -> None:
         config = gemm.table_config(1, n, k)
         persistent = config.replace(block_k=triton.next_power_of_2(k), split_k=1, num_stages=2, programs=264)
         gemm.launch(x, w, None, persistent)
-    label("article decode attention, cache 4096")  # long enough to be split: the combine runs
-    q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
     cache = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
-    attention.attention(q, cache, cache, torch.full((1,), 4096, dtype=torch.int32), 128**-0.5)
+    for tokens in (1, 256):  # decode over a cache long enough to be split (the combine runs); prefill
+        label(f"article {'decode' if tokens == 1 else 'prefill'} attention, cache 4096")
+        q = torch.empty(1, tokens, 8, 128, dtype=torch.bfloat16)
+        attention.attention(q, cache, cache, torch.full((1,), 4096, dtype=torch.int32), 128**-0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
