@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+from hypothesis import event, given
+from hypothesis import strategies as st
 
 import registry
 from ops import backend, gemm, scratch
 from ops.gemm import GemmConfig
+from verify import limits
 from verify.compare import check
 from verify.strategies.gemm import MODEL_PROJECTIONS
 
@@ -59,6 +63,20 @@ def test_every_kernel_path_matches_reference(config: GemmConfig, shape: tuple) -
     case = _linear_case(m, n, k, **extra)
     result = check(LINEAR, case, lambda x, w, b: gemm.launch(x, w, b, config))
     assert result.passed, result.describe()
+
+
+@given(data=st.data())
+def test_persistent_gemv_matches_reference_on_drawn_cases(data: st.DataObject) -> None:
+    """Any program count (fewer, as many, more programs than output blocks), any block width,
+    pipelined or not, on the strategy's shapes and layouts, with M = 1..4."""
+    params = {**data.draw(LINEAR.params(limits.current()), label="params"), "m": data.draw(st.integers(1, 4))}
+    config = GemmConfig(
+        "gemv", 1, data.draw(st.sampled_from([1, 2, 4, 16])), max(16, triton.next_power_of_2(params["k"])),
+        num_stages=data.draw(st.sampled_from([1, 2, 3])), programs=data.draw(st.integers(1, 9)),
+    )  # fmt: skip
+    event(f"programs per block {config.programs / -(-params['n'] // config.block_n):.1f}")
+    result = check(LINEAR, LINEAR.build(params, DEVICE), lambda x, w, b: gemm.launch(x, w, b, config))
+    assert result.passed, f"{config.describe()}: {result.describe()}"
 
 
 def test_persistent_gemv_refuses_k_past_one_step() -> None:
