@@ -6,10 +6,15 @@ reach only the interpreter's default configs, which take K in one step."""
 from __future__ import annotations
 
 import pytest
+import triton
+from hypothesis import given
+from hypothesis import strategies as st
 
 import registry
 from ops import backend, gemm, scratch
 from ops.gemm import GemmConfig
+from verify import limits
+from verify.bench.model import gemm_overrides
 from verify.compare import check
 
 DEVICE = backend.device()
@@ -59,3 +64,19 @@ def test_norm_prologue_walks_rows_longer_than_its_block(monkeypatch: pytest.Monk
     spec = registry.get("add_rms_norm_linear")
     result = check(spec, spec.build({**spec.typical, "m": 1}, DEVICE))
     assert result.passed, result.describe()
+
+
+@pytest.mark.parametrize("op", ["add_rms_norm_linear", "silu_mul_linear"])
+@given(data=st.data())
+def test_persistent_gemv_prologues_on_drawn_cases(op: str, data: st.DataObject) -> None:
+    """The prologue computed once per program of a persistent gemv (program 0 storing the residual
+    sum), on the strategy's shapes, layouts and dtypes, any program count."""
+    spec = registry.get(op)
+    params = {**data.draw(spec.params(limits.current()), label="params"), "m": data.draw(st.integers(1, 4))}
+    config = GemmConfig(
+        "gemv", 1, data.draw(st.sampled_from([1, 4, 16])), max(16, triton.next_power_of_2(params["k"])),
+        num_stages=data.draw(st.sampled_from([1, 2])), programs=data.draw(st.integers(1, 9)),
+    )  # fmt: skip
+    with gemm_overrides({(gemm.m_bucket(params["m"]), params["n"], params["k"]): config}):
+        result = check(spec, spec.build(params, DEVICE))
+    assert result.passed, f"{config.describe()}: {result.describe()}"
