@@ -2,17 +2,16 @@
 
 The interpreter never compiles a kernel, and the ``PDL`` branches compile away there, so a
 kernel that only breaks in codegen would otherwise first fail on the GPU. This runs each
-registered op's typical case, the article config's projections (decode and a 256-token
-prefill) and a long-cache decode attention with the kernels swapped for recorders (nothing
-executes), specializes each launch's arguments as Triton's JIT would (``1`` and multiples of
-16, 16-byte aligned pointers, ``do_not_specialize`` honoured), compiles it to PTX, and reports
-per launch its registers and spills (ptxas), shared memory, how many of its programs an SM
-holds and so in how many waves its grid runs (a partial last wave idles SMs), and its
-global-load instruction mix: scalar 16-bit loads in a decode GEMM mean its weight stream lost
-its 16-byte vectors. A launch fails when it
-does not compile, or when its PTX touches global memory before ``griddepcontrol.wait``: the
-PDL contract of ``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the
-compiler made of it).
+registered op's typical case, every model preset's decode projections as the model launches
+them, the article's 256-token prefill projections and its long-cache attention, with the
+kernels swapped for recorders (nothing executes); specializes each launch's arguments as
+Triton's JIT would (``1`` and multiples of 16, 16-byte aligned pointers, ``do_not_specialize``
+honoured); compiles it to PTX; and reports per launch its registers and spills (ptxas), shared
+memory, how many of its programs an SM holds and so in how many waves its grid runs (a partial
+last wave idles SMs), and its global-load instruction mix: 2-byte loads of a decode GEMM's
+weights mean its stream lost its 16-byte vectors. A launch fails when it does not compile, or
+when its PTX touches global memory before ``griddepcontrol.wait``: the PDL contract of
+``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the compiler made of it).
 
 Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a launch fails)
 """
@@ -44,8 +43,6 @@ SMS = 132  # the H200's
 LOADS = re.compile(r"\b(?:ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
 MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
-ARTICLE_DECODE = {"qkv_proj": (1536, 1024), "o_proj": (1024, 1024), "gate_up_proj": (9728, 1024),
-                  "down_proj": (1024, 4864), "lm_head": (151936, 1024)}  # fmt: skip
 
 
 class Recorder:
@@ -155,6 +152,7 @@ def install_recorders(results: dict) -> list[Recorder]:
 def run_ops(recorders: list[Recorder]) -> None:
     import registry
     from ops import attention, fused_linear, gemm
+    from verify.strategies.gemm import MODEL_PROJECTIONS
 
     def label(text: str) -> None:
         for r in recorders:
@@ -164,22 +162,28 @@ def run_ops(recorders: list[Recorder]) -> None:
         label(f"{spec.name} (typical case)")
         case = spec.build(spec.typical, torch.device("cpu"))
         spec.impl(*case.args, **case.kwargs)
-    for proj, (n, k) in ARTICLE_DECODE.items():  # launched as the model launches them
-        label(f"article decode {proj}")
-        x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
-        if proj in ("qkv_proj", "gate_up_proj"):  # residual add + RMSNorm in the prologue
-            fused_linear.add_rms_norm_linear(x, torch.empty_like(x), torch.empty(k, dtype=x.dtype), 1e-6, w)
-        if proj == "down_proj":  # SwiGLU in the prologue
-            gate_up = torch.empty(1, 2 * k, dtype=torch.bfloat16)
-            fused_linear.silu_mul_linear(gate_up[:, :k], gate_up[:, k:], w)
-        if proj in ("qkv_proj", "o_proj", "lm_head"):  # plain (layer 0's qkv_proj, o_proj, lm_head)
-            gemm.linear(x, w)
-        label(f"article prefill {proj}")
-        gemm.linear(torch.empty(256, k, dtype=torch.bfloat16), w)
-        label(f"article decode {proj}, persistent")
-        config = gemm.table_config(1, n, k)
-        persistent = config.replace(block_k=triton.next_power_of_2(k), split_k=1, num_stages=2, programs=264)
-        gemm.launch(x, w, None, persistent)
+    for preset, projections in MODEL_PROJECTIONS.items():
+        for proj in projections:  # decode launched as the model launches it
+            n, k = proj.n, proj.k
+            label(f"{preset} decode {proj.name}")
+            x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+            bias = torch.empty(n, dtype=torch.bfloat16) if proj.bias else None
+            if proj.name in ("qkv_proj", "gate_up_proj"):  # residual add + RMSNorm in the prologue
+                norm = torch.empty(k, dtype=x.dtype)
+                fused_linear.add_rms_norm_linear(x, torch.empty_like(x), norm, 1e-6, w, bias)
+            if proj.name == "down_proj":  # SwiGLU in the prologue
+                gate_up = torch.empty(1, 2 * k, dtype=torch.bfloat16)
+                fused_linear.silu_mul_linear(gate_up[:, :k], gate_up[:, k:], w)
+            if proj.name in ("qkv_proj", "o_proj", "lm_head"):  # plain: layer 0's qkv_proj, o_proj, lm_head
+                gemm.linear(x, w, bias)
+            if preset != "article":
+                continue
+            label(f"article prefill {proj.name}")
+            gemm.linear(torch.empty(256, k, dtype=torch.bfloat16), w, bias)
+            label(f"article decode {proj.name}, persistent")
+            config = gemm.table_config(1, n, k)
+            one_step = {"block_k": triton.next_power_of_2(k), "split_k": 1, "num_stages": 2}
+            gemm.launch(x, w, bias, config.replace(**one_step, programs=264))
     cache = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     for tokens in (1, 256):  # decode over a cache long enough to be split (the combine runs); prefill
         label(f"article {'decode' if tokens == 1 else 'prefill'} attention, cache 4096")
