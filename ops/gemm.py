@@ -146,22 +146,9 @@ def _gemv_chunk(
 ):  # fmt: skip
     """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w."""
     k_ok = offs_k < k_left
-    a = x_ptrs  # placeholders for the operands a prologue does not have
-    scale = inv_rms
-    if MASKED:  # the K tail: masked lanes read 0 and add nothing
-        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-        if PROLOGUE == "add_rms_norm":
-            scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    else:
-        x = tl.load(x_ptrs)
-        w = tl.load(w_ptrs)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs)
-        if PROLOGUE == "add_rms_norm":
-            scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
+    x, w, a, scale = _gemv_loads(
+        x_ptrs, w_ptrs, a_ptrs, norm_ptrs, offs_k, k_ok, inv_rms, PROLOGUE, MASKED, True
+    )  # fmt: skip
     x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps, PROLOGUE, ONE_STEP)
     prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     if BLOCK_M == 1:
@@ -169,6 +156,35 @@ def _gemv_chunk(
     else:
         acc += tl.sum(prod, axis=2)
     return acc
+
+
+@triton.jit
+def _gemv_loads(
+    x_ptrs, w_ptrs, a_ptrs, norm_ptrs, offs_k, k_ok, inv_rms,
+    PROLOGUE: tl.constexpr, MASKED: tl.constexpr, LOAD_W: tl.constexpr,
+):  # fmt: skip
+    """One chunk's x, w (with ``LOAD_W``), the prologue's second operand a and norm scale, in that
+    order; masked lanes (the K tail) read 0. Operands not loaded come back as placeholders."""
+    a = x_ptrs
+    w = x_ptrs
+    scale = inv_rms
+    if MASKED:
+        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        if LOAD_W:
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(x_ptrs)
+        if LOAD_W:
+            w = tl.load(w_ptrs)
+        if PROLOGUE != "none":
+            a = tl.load(a_ptrs)
+        if PROLOGUE == "add_rms_norm":
+            scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
+    return x, w, a, scale
 
 
 @triton.jit
@@ -347,20 +363,9 @@ def _gemv_persistent_kernel(
     masked: tl.constexpr = not EVEN_K
     pdl.wait(PDL)
     inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)  # one K step: the prologue computes it
-    a = x_ptrs  # placeholders for the operands a prologue does not have
-    scale = inv_rms
-    if masked:
-        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-        if PROLOGUE == "add_rms_norm":
-            scale = tl.load(norm_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    else:
-        x = tl.load(x_ptrs)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs)
-        if PROLOGUE == "add_rms_norm":
-            scale = tl.load(norm_ptr + offs_k).to(tl.float32)
+    x, _, a, scale = _gemv_loads(  # the weights stream in the loop below
+        x_ptrs, x_ptrs, a_ptrs, norm_ptr, offs_k, k_ok, inv_rms, PROLOGUE, masked, False
+    )  # fmt: skip
     x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, pid == 0, K, eps, PROLOGUE, True)
     x = x.to(tl.float32)
     for block in tl.range(pid, tl.cdiv(N, BLOCK_N), tl.num_programs(0), num_stages=NUM_STAGES):
