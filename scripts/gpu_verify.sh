@@ -2,7 +2,7 @@
 # Everything the GPU must confirm, in one device call (device time is scarce): the test suite
 # on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
 # article preset, then the model benchmark. Logs go to $OUT (default ./out).
-# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention persistent
+# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention candidates
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
@@ -38,18 +38,26 @@ for stage in $stages; do
             --json "$OUT/sweep-decode.json" ;;
         # 500 drawn cases per op (each op is one test: -n spreads the ops, not the cases); -x so
         # the first failure is printed in full before any time limit cuts the log
-        thorough) run thorough 550 env HYPOTHESIS_PROFILE=thorough python -m pytest -n 16 -x -q -p no:cacheprovider \
+        thorough) run thorough 440 env HYPOTHESIS_PROFILE=thorough python -m pytest -n 16 -x -v -p no:cacheprovider \
             tests/test_ops.py -k test_matches_reference ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
-        # decode-step candidates for the two projections that lose most there: gate_up in one K
-        # step (the straight-line one-step path uses half the registers of the old loop) and the
-        # persistent gemv for gate_up and down
-        persistent) run persistent 300 python -m verify.bench model --preset article \
-            --skip unfused,eager,reference,compile,hf --repeat 3 --profile \
-            --try-config '9728x1024=gemv n4 k1024 w4 s1' --try-config '9728x1024=gemv n8 k1024 w4 s1' \
-            --try-config '9728x1024=gemv n8 k1024 w4 s2 p264' --try-config '9728x1024=gemv n4 k1024 w4 s2 p528' \
-            --try-config '1024x4864=gemv n2 k8192 w8 s2 p264' --try-config '1024x4864=gemv n1 k8192 w8 s3 p528' \
-            --try-config '9728x1024=gemv n8 k1024 w4 s2 p264;1024x4864=gemv n2 k8192 w8 s2 p264' ;;
+        # decode-step candidates, each preset's table beside them in the same call (3 interleaved
+        # timings each): one-step down_proj (K in a single straight-line chunk) and other
+        # one-step gate_up shapes; the other presets' gate_up in the one step the article took
+        candidates)
+            run candidates-article 200 python -m verify.bench model --preset article \
+                --skip unfused,eager,reference,compile,hf --repeat 3 --profile \
+                --try-config '1024x4864=gemv n1 k8192 w8 s1' --try-config '1024x4864=gemv n2 k8192 w8 s1' \
+                --try-config '1024x4864=gemv n2 k8192 w16 s1' --try-config '9728x1024=gemv n16 k1024 w8 s1' \
+                --try-config '9728x1024=gemv n8 k1024 w8 s1' --try-config '9728x1024=gemv n4 k1024 w4 s1'
+            run candidates-qwen3 150 python -m verify.bench model --preset qwen3-0.6b \
+                --skip unfused,eager,reference,compile,hf --repeat 3 \
+                --try-config '6144x1024=gemv n8 k1024 w4 s1' --try-config '1024x3072=gemv n1 k4096 w8 s1' \
+                --try-config '1024x3072=gemv n2 k4096 w8 s1'
+            run candidates-qwen2.5 150 python -m verify.bench model --preset qwen2.5-0.5b \
+                --skip unfused,eager,reference,compile,hf --repeat 3 \
+                --try-config '9728x896=gemv n8 k1024 w4 s1' --try-config '896x4864=gemv n1 k8192 w8 s1' \
+                --try-config '896x4864=gemv n2 k8192 w8 s1' ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
