@@ -9,12 +9,12 @@ CUDA Graph capture):
 * ``gemv``: decode (M <= 4). A matmul tile would waste most of its rows, and what counts is
   streaming the weight once at memory bandwidth, so each program owns BLOCK_N outputs and
   reads their weight rows in wide (16-byte) BLOCK_K chunks, all of them at once when K fits
-  one chunk, else through a pipelined loop, to keep enough bytes in flight. A config with
-  ``programs`` set runs the persistent variant instead (K in one chunk): that many programs,
-  each preparing x once and streaming block after block through a pipelined loop, so the grid
-  is one wave rather than waves with a partial last one. In the decode step the article's
-  gate_up gemv took 11.6 us for 20 MB and down 7.1 us for 10 MB (``verify.bench model
-  --profile``, 2026-11-30), against 8.0 and 5.6 us in a chain of their own launches.
+  one chunk, else through a pipelined loop, to keep enough bytes in flight. One chunk is a
+  straight line (no loop), and takes far fewer registers, so more programs fit an SM: the
+  article's decode gate_up went from 11.6 to 8.8 us in the step that way (H200, 2026-11-30).
+  A persistent variant (a wave of programs each preparing x once, then streaming block after
+  block) was slower in the decode step than one program per block: 0.912-0.972 ms/token
+  against 0.944 for the pipelined table configs and 0.856 for one-step gate_up, same call.
 
 Either kernel can split K (``split_k`` programs per output tile, each over a contiguous K
 range) when the output alone gives too few programs to fill the GPU (N=1024 at M=1 is 256
@@ -147,7 +147,7 @@ def _gemv_chunk(
     """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w."""
     k_ok = offs_k < k_left
     x, w, a, scale = _gemv_loads(
-        x_ptrs, w_ptrs, a_ptrs, norm_ptrs, offs_k, k_ok, inv_rms, PROLOGUE, MASKED, True
+        x_ptrs, w_ptrs, a_ptrs, norm_ptrs, offs_k, k_ok, inv_rms, PROLOGUE, MASKED
     )  # fmt: skip
     x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps, PROLOGUE, ONE_STEP)
     prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
@@ -161,25 +161,22 @@ def _gemv_chunk(
 @triton.jit
 def _gemv_loads(
     x_ptrs, w_ptrs, a_ptrs, norm_ptrs, offs_k, k_ok, inv_rms,
-    PROLOGUE: tl.constexpr, MASKED: tl.constexpr, LOAD_W: tl.constexpr,
+    PROLOGUE: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """One chunk's x, w (with ``LOAD_W``), the prologue's second operand a and norm scale, in that
-    order; masked lanes (the K tail) read 0. Operands not loaded come back as placeholders."""
+    """One chunk's x, w, the prologue's second operand a and norm scale, in that order; masked
+    lanes (the K tail) read 0. Operands the prologue does not use come back as placeholders."""
     a = x_ptrs
-    w = x_ptrs
     scale = inv_rms
     if MASKED:
         x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        if LOAD_W:
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
         if PROLOGUE != "none":
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
         if PROLOGUE == "add_rms_norm":
             scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     else:
         x = tl.load(x_ptrs)
-        if LOAD_W:
-            w = tl.load(w_ptrs)
+        w = tl.load(w_ptrs)
         if PROLOGUE != "none":
             a = tl.load(a_ptrs)
         if PROLOGUE == "add_rms_norm":
@@ -319,72 +316,6 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _gemv_persistent_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    out_ptr,
-    a_ptr,
-    norm_ptr,
-    sum_ptr,
-    M,
-    N,
-    K,
-    eps,
-    stride_xm,
-    stride_xk,
-    stride_am,
-    stride_ak,
-    stride_wn,
-    stride_wk,
-    stride_om,
-    HAS_BIAS: tl.constexpr,
-    PROLOGUE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """``_gemv_kernel`` with all of K in one chunk, on fewer programs than output blocks: each
-    program prepares x once (its prologue too), then streams the weight rows of blocks ``pid``,
-    ``pid + programs``, ... through a pipelined loop. One wave of programs then keeps loads in
-    flight to the end, where a grid of one program per block runs in waves, the last one partial.
-    """
-    pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = (offs_m % M).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    sum_ptrs = sum_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
-    k_ok = offs_k < K
-    masked: tl.constexpr = not EVEN_K
-    pdl.wait(PDL)
-    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)  # one K step: the prologue computes it
-    x, _, a, scale = _gemv_loads(  # the weights stream in the loop below
-        x_ptrs, x_ptrs, a_ptrs, norm_ptr, offs_k, k_ok, inv_rms, PROLOGUE, masked, False
-    )  # fmt: skip
-    x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, pid == 0, K, eps, PROLOGUE, True)
-    x = x.to(tl.float32)
-    for block in tl.range(pid, tl.cdiv(N, BLOCK_N), tl.num_programs(0), num_stages=NUM_STAGES):
-        offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        w_ptrs = w_ptr + (offs_n % N).to(tl.int64)[:, None] * stride_wn + offs_k[None, :] * stride_wk
-        if masked:
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        else:
-            w = tl.load(w_ptrs)
-        acc = tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    pdl.release(PDL)
-
-
-@triton.jit
 def _splitk_reduce_kernel(
     p_ptr,
     b_ptr,
@@ -428,8 +359,7 @@ class GemmConfig:
 
     ``kernel`` is ``"gemv"`` (M <= 4; ``block_m`` is ignored, the kernel takes
     ``next_power_of_2(M)`` rows) or ``"tiled"``. ``num_stages`` pipelines the K loop's loads.
-    ``split_k`` > 1 writes fp32 partials and adds a reduce launch. ``programs`` > 0 (gemv, K in
-    one step, no split) launches at most that many programs, each looping over output blocks.
+    ``split_k`` > 1 writes fp32 partials and adds a reduce launch.
     """
 
     kernel: str
@@ -440,7 +370,6 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8
-    programs: int = 0
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -451,10 +380,6 @@ class GemmConfig:
                 raise ValueError(f"config.{name}: expected a power of two, got {value}")
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise ValueError(f"config.split_k: expected 1..{MAX_SPLIT_K}, got {self.split_k}")
-        if self.programs < 0 or (self.programs and (self.kernel != "gemv" or self.split_k > 1)):
-            raise ValueError(
-                f"config.programs: expected 0, or > 0 for a gemv without split-K, got {self.programs}"
-            )
 
     def replace(self, **changes: int | str) -> GemmConfig:
         return dataclasses.replace(self, **changes)
@@ -470,19 +395,17 @@ class GemmConfig:
         g = {name: int(value) for name, value in match.groupdict().items() if value is not None}
         kernel, block_m = ("gemv", 1) if "gemv_n" in g else ("tiled", g["m"])
         block_n = g.get("gemv_n") or g["n"]
-        split, programs = g.get("split", 1), g.get("programs", 0)
-        return cls(kernel, block_m, block_n, g["k"], split, g["w"], g["s"], programs=programs)
+        return cls(kernel, block_m, block_n, g["k"], g.get("split", 1), g["w"], g["s"])
 
     def describe(self) -> str:
         tile = f"n{self.block_n}" if self.kernel == "gemv" else f"{self.block_m}x{self.block_n}"
         split = f" splitK{self.split_k}" if self.split_k > 1 else ""
-        programs = f" p{self.programs}" if self.programs else ""
-        return f"{self.kernel} {tile} k{self.block_k}{split} w{self.num_warps} s{self.num_stages}{programs}"
+        return f"{self.kernel} {tile} k{self.block_k}{split} w{self.num_warps} s{self.num_stages}"
 
 
 _DESCRIBED = re.compile(
     r"(?:gemv n(?P<gemv_n>\d+)|tiled (?P<m>\d+)x(?P<n>\d+))"
-    r" k(?P<k>\d+)(?: splitK(?P<split>\d+))? w(?P<w>\d+) s(?P<s>\d+)(?: p(?P<programs>\d+))?"
+    r" k(?P<k>\d+)(?: splitK(?P<split>\d+))? w(?P<w>\d+) s(?P<s>\d+)"
 )  # what GemmConfig.describe writes
 
 # A shape's M is looked up as the first bucket >= M (4096 stands for every M above 256).
@@ -493,8 +416,8 @@ def m_bucket(m: int) -> int:
     return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
 
 
-def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3, programs: int = 0) -> GemmConfig:
-    return GemmConfig("gemv", 1, n, k, split, w, s, programs=programs)
+def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    return GemmConfig("gemv", 1, n, k, split, w, s)
 
 
 def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
@@ -720,23 +643,7 @@ def run(
     bias_arg = bias if fused_bias else target  # a dummy pointer when the kernel adds no bias
     if prologue is not None and config.kernel != "gemv":
         raise ValueError(f"config: only the gemv kernel fuses a prologue, got {config.kernel!r}")
-    if config.programs:
-        if split > 1 or k > block_k:
-            raise ValueError(
-                f"config {config.describe()!r}: a gemv over {config.programs} programs takes K in one "
-                f"step and no split; got K={k} for BLOCK_K={block_k}, split {split}"
-            )
-        p = prologue or Prologue("none", x)
-        _gemv_persistent_kernel[(min(config.programs, triton.cdiv(n, block_n)),)](
-            x, weight, bias_arg, y, p.other, x if p.norm_weight is None else p.norm_weight,
-            x if p.total is None else p.total, m, n, k, p.eps, x.stride(0), x.stride(1),
-            p.other.stride(0), p.other.stride(1), weight.stride(0), weight.stride(1), n,
-            HAS_BIAS=bias is not None, PROLOGUE=p.kind, EVEN_K=k == block_k,
-            BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
-            NUM_STAGES=_fit_stages(config.num_stages, block_n * block_k, x.element_size()),
-            num_warps=config.num_warps, **pdl.launch_options(),
-        )  # fmt: skip
-    elif config.kernel == "gemv":
+    if config.kernel == "gemv":
         block_m = triton.next_power_of_2(m)
         p = prologue or Prologue("none", x)
         _gemv_kernel[(triton.cdiv(n, block_n), split)](
@@ -866,7 +773,7 @@ def linear_splitk(
     """
     m, n, k = check_operands(x, weight)
     _check_split_k(split_k, k)
-    config = config_for(m, n, k).replace(programs=0)  # a persistent gemv does not split K
+    config = config_for(m, n, k)
     if m > GEMV_MAX_M and config.kernel == "gemv":
         config = default_config(m, n, k)
     y = validate.output(out, (m, n), x.dtype, x)

@@ -180,10 +180,6 @@ def run_ops(recorders: list[Recorder]) -> None:
                 continue
             label(f"article prefill {proj.name}")
             gemm.linear(torch.empty(256, k, dtype=torch.bfloat16), w, bias)
-            label(f"article decode {proj.name}, persistent")
-            config = gemm.table_config(1, n, k)
-            one_step = {"block_k": triton.next_power_of_2(k), "split_k": 1, "num_stages": 2}
-            gemm.launch(x, w, bias, config.replace(**one_step, programs=264))
     cache = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     for tokens in (1, 256):  # decode over a cache long enough to be split (the combine runs); prefill
         label(f"article {'decode' if tokens == 1 else 'prefill'} attention, cache 4096")

@@ -42,22 +42,20 @@ for stage in $stages; do
             tests/test_ops.py -k test_matches_reference ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
         # decode-step candidates, each preset's table beside them in the same call (3 interleaved
-        # timings each): one-step down_proj (K in a single straight-line chunk) and other
-        # one-step gate_up shapes; the other presets' gate_up in the one step the article took
+        # timings each): qkv and o_proj at 4 outputs a program; down_proj on more programs
+        # (qwen2.5's table pick gives 112 programs for 132 SMs, qwen3's 256)
         candidates)
             run candidates-article 200 python -m verify.bench model --preset article \
-                --skip unfused,eager,reference,compile,hf --repeat 3 --profile \
-                --try-config '1024x4864=gemv n1 k8192 w8 s1' --try-config '1024x4864=gemv n2 k8192 w8 s1' \
-                --try-config '1024x4864=gemv n2 k8192 w16 s1' --try-config '9728x1024=gemv n16 k1024 w8 s1' \
-                --try-config '9728x1024=gemv n8 k1024 w8 s1' --try-config '9728x1024=gemv n4 k1024 w4 s1'
+                --skip unfused,eager,reference,compile,hf --repeat 3 \
+                --try-config '1536x1024=gemv n4 k1024 w4 s1' --try-config '1024x1024=gemv n4 k1024 w4 s1' \
+                --try-config '1024x4864=gemv n1 k512 w4 s4' --try-config '1024x4864=gemv n2 k256 w4 s4'
             run candidates-qwen3 150 python -m verify.bench model --preset qwen3-0.6b \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '6144x1024=gemv n8 k1024 w4 s1' --try-config '1024x3072=gemv n1 k4096 w8 s1' \
-                --try-config '1024x3072=gemv n2 k4096 w8 s1'
+                --try-config '1024x3072=gemv n2 k512 w4 s4' --try-config '1024x3072=gemv n1 k512 w4 s4'
             run candidates-qwen2.5 150 python -m verify.bench model --preset qwen2.5-0.5b \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '9728x896=gemv n8 k1024 w4 s1' --try-config '896x4864=gemv n1 k8192 w8 s1' \
-                --try-config '896x4864=gemv n2 k8192 w8 s1' ;;
+                --try-config '896x4864=gemv n2 k512 w4 s4' --try-config '896x4864=gemv n4 k512 w4 s4' \
+                --try-config '896x4864=gemv n1 k512 w4 s4' ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done

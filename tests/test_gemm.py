@@ -33,8 +33,8 @@ CONFIGS = [
     GemmConfig("gemv", 1, 4, 32),
     GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2),
     GemmConfig("gemv", 1, 16, 16, split_k=8),
-    GemmConfig("gemv", 1, 4, 256, num_stages=2, programs=3),  # persistent: blocks 0, 3, 6, ...
-    GemmConfig("gemv", 1, 16, 128, num_stages=1, programs=2),  # EVEN_K at K=128
+    GemmConfig("gemv", 1, 4, 256, num_stages=1),  # one step (straight line) for K <= 256
+    GemmConfig("gemv", 1, 16, 128, num_stages=1),  # one step and EVEN_K at K=128
     GemmConfig("tiled", 16, 32, 32),
     GemmConfig("tiled", 32, 64, 64, split_k=4, group_m=2),
     GemmConfig("tiled", 64, 16, 16, split_k=2, group_m=1),
@@ -53,7 +53,6 @@ PATHS = [
     for config in CONFIGS
     for shape in SHAPES
     if (config.kernel == "tiled" or shape[0] <= gemm.GEMV_MAX_M)
-    and not (config.programs and shape[2] > config.block_k)  # persistent: K in one step
 ]
 
 
@@ -66,28 +65,15 @@ def test_every_kernel_path_matches_reference(config: GemmConfig, shape: tuple) -
 
 
 @given(data=st.data())
-def test_persistent_gemv_matches_reference_on_drawn_cases(data: st.DataObject) -> None:
-    """Any program count (fewer, as many, more programs than output blocks), any block width,
-    pipelined or not, on the strategy's shapes and layouts, with M = 1..4."""
+def test_one_step_gemv_matches_reference_on_drawn_cases(data: st.DataObject) -> None:
+    """The straight-line gemv (all of K in one chunk: the decode path of qkv, o and gate_up) with
+    any block width, on the strategy's shapes and layouts, with M = 1..4."""
     params = {**data.draw(LINEAR.params(limits.current()), label="params"), "m": data.draw(st.integers(1, 4))}
-    config = GemmConfig(
-        "gemv", 1, data.draw(st.sampled_from([1, 2, 4, 16])), max(16, triton.next_power_of_2(params["k"])),
-        num_stages=data.draw(st.sampled_from([1, 2, 3])), programs=data.draw(st.integers(1, 9)),
-    )  # fmt: skip
-    event(f"programs per block {config.programs / -(-params['n'] // config.block_n):.1f}")
+    block_k = max(16, triton.next_power_of_2(params["k"]))
+    config = GemmConfig("gemv", 1, data.draw(st.sampled_from([1, 2, 4, 16])), block_k, num_stages=1)
+    event("EVEN_K" if params["k"] == block_k else "K tail")
     result = check(LINEAR, LINEAR.build(params, DEVICE), lambda x, w, b: gemm.launch(x, w, b, config))
     assert result.passed, f"{config.describe()}: {result.describe()}"
-
-
-def test_persistent_gemv_refuses_k_past_one_step() -> None:
-    case = _linear_case(1, 64, 300)
-    config = GemmConfig("gemv", 1, 4, 256, num_stages=2, programs=8)
-    with pytest.raises(ValueError, match="K=300 for BLOCK_K=256"):
-        gemm.launch(*case.args, config)
-    with pytest.raises(ValueError, match=r"config\.programs"):
-        GemmConfig("tiled", 16, 16, 16, programs=4)
-    with pytest.raises(ValueError, match=r"config\.programs"):
-        GemmConfig("gemv", 1, 4, 256, split_k=2, programs=4)
 
 
 def test_gemv_config_refuses_large_m() -> None:
@@ -273,9 +259,13 @@ def test_config_descriptions_parse_back() -> None:
     for config in gemm.CONFIGS.values():
         assert gemm.GemmConfig.parse(config.describe()) == config
     assert gemm.GemmConfig.parse("gemv n2 k512 splitK4 w4 s4").split_k == 4
-    persistent = gemm.GemmConfig.parse("gemv n8 k1024 w4 s2 p264")
-    assert persistent.programs == 264 and persistent.describe() == "gemv n8 k1024 w4 s2 p264"
-    for bad in ("gemv 8 k512 w4 s4", "gemv n8 k512 w4", "gemv n8 k512 w4 s4 s3", "tiled 64 k64 w4 s3"):
+    for bad in (
+        "gemv n8 k1024 w4 s2 p264",
+        "gemv 8 k512 w4 s4",
+        "gemv n8 k512 w4",
+        "gemv n8 k512 w4 s4 s3",
+        "tiled 64 k64 w4 s3",
+    ):
         with pytest.raises(ValueError, match=r"expected e\.g\."):
             gemm.GemmConfig.parse(bad)
     with pytest.raises(ValueError, match="power of two"):

@@ -176,13 +176,10 @@ def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:
     assert before == gemm.CONFIGS
 
 
-def test_sweep_offers_persistent_gemvs_only_where_k_fits_one_step() -> None:
+def test_sweep_writes_table_entries_as_ops_gemm_does() -> None:
     from ops.gemm import GemmConfig
     from verify.bench.gemm import _config_source, candidates_for
 
-    down = candidates_for(1, 1024, 4864)
-    assert any(c.programs for c in down)
-    assert all(c.block_k >= 4864 for c in down if c.programs)
-    assert not any(c.programs for c in candidates_for(1, 64, 20000))
-    assert not any(c.programs for c in candidates_for(256, 1024, 1024))  # prefill: tiled only
-    assert _config_source(GemmConfig.parse("gemv n8 k1024 w4 s2 p264")) == "_gemv(8, 1024, 1, 4, 2, 264)"
+    assert not any(c.kernel == "gemv" for c in candidates_for(256, 1024, 1024))  # prefill: tiled only
+    assert _config_source(GemmConfig.parse("gemv n8 k1024 w4 s1")) == "_gemv(8, 1024, 1, 4, 1)"
+    assert _config_source(GemmConfig.parse("tiled 64x64 k64 splitK4 w4 s4")) == "_tiled(64, 64, 64, 4, 4, 4)"

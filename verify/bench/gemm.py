@@ -42,8 +42,8 @@ PREFILL_CUBLAS_TARGET = 0.70  # M=256: >= 70% of cuBLAS's speed
 # ---- candidates for the sweep ------------------------------------------------------------------
 
 
-def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3, programs: int = 0) -> GemmConfig:
-    return GemmConfig("gemv", 1, n, k, split, w, s, programs=programs)
+def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    return GemmConfig("gemv", 1, n, k, split, w, s)
 
 
 def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
@@ -76,15 +76,6 @@ DECODE_CANDIDATES = (
     _gemv(8, 256, 1, 4, 4),
     _gemv(16, 256, 1, 8, 4),
     _gemv(8, 1024, 1, 8, 2),
-    # persistent (K in one step): a wave of 1-4 programs per SM, each streaming block after block
-    # through a pipelined loop; K up to 8192 in one step covers the down projections
-    _gemv(4, 1024, 1, 4, 2, 528),
-    _gemv(8, 1024, 1, 4, 2, 264),
-    _gemv(8, 1024, 1, 4, 3, 264),
-    _gemv(16, 1024, 1, 8, 2, 132),
-    _gemv(16, 1024, 1, 8, 2, 264),
-    _gemv(2, 8192, 1, 8, 2, 264),
-    _gemv(4, 8192, 1, 8, 2, 132),
     _tiled(16, 64, 128, 4, 4, 4),
     _tiled(16, 32, 256, 8, 4, 3),
 )
@@ -375,8 +366,6 @@ def candidates_for(m: int, n: int, k: int) -> list[GemmConfig]:
     pool += DECODE_CANDIDATES if m <= gemm.GEMV_MAX_M else PREFILL_CANDIDATES
     out: list[GemmConfig] = []
     for config in pool:
-        if config.programs and k > config.block_k:
-            continue  # a persistent gemv takes K in one step
         split = min(config.split_k, max(1, -(-k // config.block_k)))
         config = config.replace(split_k=split)
         if config not in out:
@@ -406,8 +395,6 @@ def sweep_problem(preset: str, proj: Projection, m: int, roof: Roofline, replays
 def _config_source(config: GemmConfig) -> str:
     """The config as the ``_gemv(...)`` / ``_tiled(...)`` call ``ops/gemm.py`` writes its table with."""
     tail = f"{config.block_k}, {config.split_k}, {config.num_warps}, {config.num_stages}"
-    if config.programs:
-        tail += f", {config.programs}"
     if config.kernel == "gemv":
         return f"_gemv({config.block_n}, {tail})"
     return f"_tiled({config.block_m}, {config.block_n}, {tail})"
