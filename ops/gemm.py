@@ -441,9 +441,12 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl): in a chain of the same
     # projection these picks take qkv 2.70, o 2.53, gate_up 8.02, down 5.56, lm_head 75.28 us;
     # the sweep's own winners (qkv/o gemv n4 k1024 w4, gate_up n16 k512 w4 s3) were within 0.07
-    # us of them there but made the decode step slower (0.934 vs 0.899 ms/token, in two runs).
+    # us of them there but made the decode step slower (0.934 vs 0.899 ms/token, in two runs);
+    # that was before one-step gemvs ran straight-line (below: gate_up and qkv now one step).
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
-    (1, 1536, 1024): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.16 us, cuBLAS 5.16 us
+    # qkv at 4 outputs a program (the sweep's pick with PDL): 0.842 vs 0.853 and 0.841 vs 0.854
+    # ms/token beside the n2 w2 pick in two calls (3 and 5 timings); o_proj the same, no gain
+    (1, 1536, 1024): _gemv(4, 1024, 1, 4, 1),  # qkv_proj
     (256, 1536, 1024): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
     (1, 1024, 1024): _gemv(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
     (256, 1024, 1024): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
