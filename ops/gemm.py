@@ -11,8 +11,8 @@ CUDA Graph capture):
   reads their weight rows in wide (16-byte) BLOCK_K chunks, all of them at once when K fits
   one chunk, else through a pipelined loop, to keep enough bytes in flight. One chunk is a
   straight line (no loop), and takes far fewer registers, so more programs fit an SM: the
-  article's decode gate_up went from 11.6 to 8.8 us in the step that way (H200, 2026-11-30).
-  A persistent variant (a wave of programs each preparing x once, then streaming block after
+  article's decode gate_up went from 11.6-12.0 to 8.3-8.8 us in the step that way (H200,
+  2026-11-30). A persistent variant (a wave of programs each preparing x once, then streaming block after
   block) was slower in the decode step than one program per block: 0.912-0.972 ms/token
   against 0.944 for the pipelined table configs and 0.856 for one-step gate_up, same call.
 

@@ -29,7 +29,7 @@ for stage in $stages; do
         e2e) run e2e 60 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json" ;;
         bisect) run bisect 70 python -m verify.bisect --layer --model article --json "$OUT/bisect.json" \
             --plot "$OUT/bisect.png" ;;
-        bench) run bench 200 python -m verify.bench model --preset article --skip eager,reference \
+        bench) run bench 300 python -m verify.bench model --preset article --skip eager,reference \
             --json "$OUT/model.json" ;;
         gemm) run gemm 200 python -m verify.bench gemm --preset all --json "$OUT/gemm.json" ;;
         gemm-decode) run gemm-decode 100 python -m verify.bench gemm --preset article --phase decode \
