@@ -201,6 +201,13 @@ register(OpSpec(  # decode's QKV and gate/up GEMMs with the norm before them in 
     s_fused_linear.ADD_RMS_NORM_LINEAR_EXAMPLES, s_fused_linear.ADD_RMS_NORM_LINEAR_INVALID,
     sums_products=True,
 ))
+register(OpSpec(  # decode's gate/up GEMM: the norm in its prologue, the SwiGLU gate in its epilogue
+    "add_rms_norm_linear_silu_mul", fused_linear.add_rms_norm_linear_silu_mul,
+    references.fused_linear.add_rms_norm_linear_silu_mul,
+    s_fused_linear.add_rms_norm_linear_silu_mul_params, s_fused_linear.add_rms_norm_linear_silu_mul_build,
+    (11, 12, 13, 14, 15), s_fused_linear.ADD_RMS_NORM_LINEAR_SILU_MUL_EXAMPLES,
+    s_fused_linear.ADD_RMS_NORM_LINEAR_SILU_MUL_INVALID, sums_products=True,
+))
 register(OpSpec(  # decode's down projection with the SwiGLU gate in its prologue
     "silu_mul_linear", fused_linear.silu_mul_linear, references.fused_linear.silu_mul_linear,
     s_fused_linear.silu_mul_linear_params, s_fused_linear.silu_mul_linear_build, (15, 16),

@@ -22,9 +22,9 @@ and after the last layer ``logits = linear(add_rms_norm(x, residual, final_norm)
 
 With ``fused=True`` (the default; decode's kernel count decides its speed) consecutive ops
 run as one fused op each, registered and verified like any other (see ``FUSIONS``):
-``add_rms_norm_linear`` for norm + QKV and norm + gate/up (from layer 1 on: layer 0 has no
-residual to add), ``rope_kv_store`` for qk-norm + RoPE + cache write, ``silu_mul_linear``
-for SwiGLU + down. ``fused=False`` calls the parts, one op per step of the listing above,
+``add_rms_norm_linear`` for norm + QKV (from layer 1 on: layer 0 has no residual to add),
+``rope_kv_store`` for qk-norm + RoPE + cache write, ``add_rms_norm_linear_silu_mul`` for
+norm + gate/up + SwiGLU. ``fused=False`` calls the parts, one op per step of the listing above,
 which is what an ``--inject`` of one part needs.
 """
 
@@ -54,13 +54,13 @@ OPS = (
     "argmax",
     "add_rms_norm_linear",
     "rope_kv_store",
-    "silu_mul_linear",
+    "add_rms_norm_linear_silu_mul",
 )
 # fused op -> the ops it stands for (its reference is their composition)
 FUSIONS = {
     "add_rms_norm_linear": ("add_rms_norm", "linear"),
     "rope_kv_store": ("rms_norm", "apply_rope", "kv_cache_store"),
-    "silu_mul_linear": ("silu_mul", "linear"),
+    "add_rms_norm_linear_silu_mul": ("add_rms_norm", "linear", "silu_mul"),
 }
 FUSED_PARTS = frozenset(part for parts in FUSIONS.values() for part in parts)
 MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, lm_head
@@ -243,12 +243,11 @@ class Decoder:
         o = self.op(n, "o_proj", "linear", a.reshape(rows, c.q_size), w.o_proj, None)
         inter = c.intermediate_size
         if self.fused:
-            gate_up, total = self.op(
-                n, "gate_up_proj", "add_rms_norm_linear", o, residual.view(rows, hidden), w.post_norm, eps,
-                w.gate_up, None, slot=2 + n % 2,
+            act, total = self.op(
+                n, "gate_up_proj", "add_rms_norm_linear_silu_mul", o, residual.view(rows, hidden),
+                w.post_norm, eps, w.gate_up, slot=2 + n % 2,
             )  # fmt: skip
             residual = total.view(batch, seq, hidden)
-            down = self.op(n, "down_proj", "silu_mul_linear", gate_up[:, :inter], gate_up[:, inter:], w.down)
         else:
             h, residual = self.op(
                 n, "mlp_norm", "add_rms_norm", o.view(batch, seq, hidden), residual, w.post_norm, eps,
@@ -256,7 +255,7 @@ class Decoder:
             )  # fmt: skip
             gate_up = self.op(n, "gate_up_proj", "linear", h.view(rows, hidden), w.gate_up, None)
             act = self.op(n, "silu_mul", "silu_mul", gate_up[:, :inter], gate_up[:, inter:])
-            down = self.op(n, "down_proj", "linear", act, w.down, None)
+        down = self.op(n, "down_proj", "linear", act, w.down, None)
         return down.view(batch, seq, hidden), residual
 
     def forward(

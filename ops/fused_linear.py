@@ -7,6 +7,10 @@ Graph, so two of them are folded into the GEMM that consumes their output:
   Every gemv program recomputes the row's rms from ``x + residual`` (K <= a few thousand: a
   few KB read from L2) and normalizes each chunk as it loads it; the programs of the first
   output block also write ``x + residual``, the next residual stream.
+* ``add_rms_norm_linear_silu_mul``: the same norm prologue on the gate/up projection, and the
+  SwiGLU gate in its epilogue: each program streams the gate and up rows of its outputs and
+  stores ``silu(gate) * up``, so the down projection after it reads half the width and no
+  program of it recomputes the activation.
 * ``silu_mul_linear``: SwiGLU gate + down projection. The gemv kernel reads gate and up
   chunks and multiplies ``silu(gate) * up`` on the fly.
 
@@ -23,10 +27,12 @@ import torch
 from ops import elementwise, gemm, norm, scratch, validate
 
 
-def _intermediate(shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+def _intermediate(
+    shape: tuple[int, int], like: torch.Tensor, name: str = "fused intermediate"
+) -> torch.Tensor:
     """The composed (M > 4) path's normalized or SwiGLU rows (see ``ops.scratch``)."""
     return scratch.cached(
-        "fused intermediate",
+        name,
         (like.device, shape, like.dtype),
         lambda: torch.empty(shape, dtype=like.dtype, device=like.device),
     )
@@ -47,10 +53,23 @@ def _project(
     config: gemm.GemmConfig,
     y: torch.Tensor,
     prologue: gemm.Prologue,
+    epilogue: str = "none",
 ) -> None:
     m, n = x.shape[0], weight.shape[0]
     partials = gemm.workspace(config.split_k, m, n, x.device) if config.split_k > 1 else None
-    gemm.run(x, weight, bias, config, y, partials, prologue)
+    gemm.run(x, weight, bias, config, y, partials, prologue, epilogue)
+
+
+def _check_norm_operands(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, k: int
+) -> None:
+    validate.tensor("residual", residual, ndim=2)
+    validate.shape("residual", residual, x.shape, "the shape of x")
+    validate.same_dtype("residual", residual, "x", x)
+    validate.tensor("norm_weight", norm_weight, ndim=1)
+    validate.shape("norm_weight", norm_weight, (k,), "K, the last dim of x")
+    validate.same_dtype("norm_weight", norm_weight, "x", x)
+    validate.positive("eps", eps)
 
 
 def add_rms_norm_linear(
@@ -68,13 +87,7 @@ def add_rms_norm_linear(
     ``x``, ``residual``: ``[M, K]`` (any row stride); ``weight``: ``[N, K]``.
     """
     m, n, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
-    validate.tensor("residual", residual, ndim=2)
-    validate.shape("residual", residual, x.shape, "the shape of x")
-    validate.same_dtype("residual", residual, "x", x)
-    validate.tensor("norm_weight", norm_weight, ndim=1)
-    validate.shape("norm_weight", norm_weight, (k,), "K, the last dim of x")
-    validate.same_dtype("norm_weight", norm_weight, "x", x)
-    validate.positive("eps", eps)
+    _check_norm_operands(x, residual, norm_weight, eps, k)
     gemm.check_bias(bias, n, x)
     y_out, total_out = out if out is not None else (None, None)
     y = validate.output(y_out, (m, n), x.dtype, x, "out[0]")
@@ -86,6 +99,46 @@ def add_rms_norm_linear(
         gemm.linear(h, weight, bias, out=y)
         return y, total
     _project(x, weight, bias, config, y, gemm.Prologue("add_rms_norm", residual, norm_weight, eps, total))
+    return y, total
+
+
+def add_rms_norm_linear_silu_mul(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(silu_mul(gate, up), x + residual)`` for ``[gate | up] = linear(rms_norm(x + residual,
+    norm_weight, eps), weight)``.
+
+    ``x``, ``residual``: ``[M, K]`` (any row stride); ``weight``: ``[2N, K]``, the N gate rows
+    then the N up rows (the model's fused gate/up weight); the first output is ``[M, N]``.
+    """
+    m, n2, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
+    if n2 % 2:
+        raise ValueError(
+            f"weight: expected an even number of rows (gate rows, then up rows), "
+            f"got shape {tuple(weight.shape)}"
+        )
+    _check_norm_operands(x, residual, norm_weight, eps, k)
+    n = n2 // 2
+    y_out, total_out = out if out is not None else (None, None)
+    y = validate.output(y_out, (m, n), x.dtype, x, "out[0]")
+    total = validate.output(total_out, (m, k), x.dtype, x, "out[1]")
+    config = _fused_config(m, n2, k)
+    if config is None:
+        h = _intermediate((m, k), x)
+        norm.add_rms_norm(x, residual, norm_weight, eps, out=(h, total))
+        gate_up = _intermediate((m, n2), x, "fused gate/up")  # its own buffer: N2 may equal K
+        gemm.linear(h, weight, None, out=gate_up)
+        elementwise.silu_mul(gate_up[:, :n], gate_up[:, n:], out=y)
+        return y, total
+    prologue = gemm.Prologue("add_rms_norm", residual, norm_weight, eps, total)
+    # the epilogue needs whole sums: no split-K
+    _project(x, weight, None, config.replace(split_k=1), y, prologue, "silu_mul")
     return y, total
 
 

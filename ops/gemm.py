@@ -238,6 +238,7 @@ def _gemv_kernel(
     ONE_STEP: tl.constexpr = False,
     EVEN_K: tl.constexpr = False,
     NORM_BLOCK: tl.constexpr = 1024,
+    EPILOGUE: tl.constexpr = "none",
 ):
     """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split.
 
@@ -245,14 +246,21 @@ def _gemv_kernel(
     goes through memory: ``"add_rms_norm"`` (x + a, normalized by the whole row's rms and scaled by
     ``norm``; the programs of the first output block also store x + a to ``sum``) or
     ``"silu_mul"`` (silu(x) * a). Each is rounded to x's dtype, exactly as the unfused op's output.
+    ``EPILOGUE="silu_mul"`` (no split, no bias): the weight has 2N rows, gate rows then up rows;
+    a program streams the gate and up rows of BLOCK_N / 2 outputs, interleaved, rounds both sums
+    to the output dtype as ``linear`` would, and stores silu(gate) * up.
     """
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rows = (offs_m % M).to(tl.int64)
-    cols = (offs_n % N).to(tl.int64)
+    if EPILOGUE == "silu_mul":  # weight row 2i feeds gate i, row 2i + 1 up i
+        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        cols = ((offs_n % N) + (tl.arange(0, BLOCK_N) % 2) * N).to(tl.int64)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (offs_n % N).to(tl.int64)
     k_start = split * k_per_split
     k_len = min(K - k_start, k_per_split)
     k_base = k_start.to(tl.int64)
@@ -310,6 +318,12 @@ def _gemv_kernel(
 
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if EPILOGUE == "silu_mul":  # silu_mul's math on the two sums, each rounded as linear's output
+        gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
+        up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * up
+        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     out_ptrs = out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None].to(tl.int64) * stride_om
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out_ptrs + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -625,18 +639,27 @@ def run(
     y: torch.Tensor,
     partials: torch.Tensor | None,
     prologue: Prologue | None = None,
+    epilogue: str = "none",
 ) -> torch.Tensor:
-    """Launch on checked arguments: straight into ``y``, or into ``partials`` and then the reduce."""
+    """Launch on checked arguments: straight into ``y``, or into ``partials`` and then the reduce.
+
+    ``epilogue="silu_mul"``: ``y = silu(gate) * up`` for ``[gate | up] = x @ weight.T`` (weight
+    ``[2N, K]``, ``y`` ``[M, N]``), gemv configs without split-K only.
+    """
     (m, k), n = x.shape, weight.shape[0]
     if m == 0 or n == 0:
         return y
-    if k == 0:  # an empty sum: the bias alone
+    if k == 0:  # an empty sum: the bias alone (silu(0) * 0 = 0)
         return y.copy_(bias.expand(m, n)) if bias is not None else y.zero_()
     if config.kernel == "gemv" and m > GEMV_MAX_M:
         raise ValueError(f"config: the gemv kernel takes M <= {GEMV_MAX_M}, got M={m}")
+    if epilogue != "none" and (config.kernel != "gemv" or partials is not None or bias is not None):
+        raise ValueError(f"config {config.describe()!r}: an epilogue needs a gemv without split-K or bias")
     split = partials.shape[0] if partials is not None else 1
     # Blocks no larger than the problem (tl.dot needs >= 16 in every dim).
     block_n = max(16 if config.kernel == "tiled" else 1, min(config.block_n, triton.next_power_of_2(n)))
+    if epilogue == "silu_mul":  # the weight rows of block_n / 2 outputs, gate and up of each
+        block_n, n = max(2, block_n), n // 2
     block_k = max(16, min(config.block_k, triton.next_power_of_2(triton.cdiv(k, split))))
     # Each split covers whole K blocks, so only the last block of the last nonempty split is partial.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
@@ -649,7 +672,8 @@ def run(
     if config.kernel == "gemv":
         block_m = triton.next_power_of_2(m)
         p = prologue or Prologue("none", x)
-        _gemv_kernel[(triton.cdiv(n, block_n), split)](
+        outputs_per_program = block_n // 2 if epilogue == "silu_mul" else block_n
+        _gemv_kernel[(triton.cdiv(n, outputs_per_program), split)](
             x,
             weight,
             bias_arg,
@@ -674,6 +698,7 @@ def run(
             ONE_STEP=split == 1 and k <= block_k,
             EVEN_K=k % block_k == 0,
             NORM_BLOCK=min(triton.next_power_of_2(k), MAX_NORM_BLOCK),
+            EPILOGUE=epilogue,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             BLOCK_K=block_k,

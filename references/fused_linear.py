@@ -30,5 +30,14 @@ def add_rms_norm_linear(
     return linear(rounded(h, x.dtype), weight, bias), total
 
 
+def add_rms_norm_linear_silu_mul(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gate_up, total = add_rms_norm_linear(x, residual, norm_weight, eps, weight)
+    gate_up = rounded(gate_up, x.dtype)
+    n = weight.shape[0] // 2
+    return silu_mul(gate_up[:, :n], gate_up[:, n:]), total
+
+
 def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return linear(rounded(silu_mul(gate, up), gate.dtype), weight)

@@ -168,13 +168,12 @@ def run_ops(recorders: list[Recorder]) -> None:
             label(f"{preset} decode {proj.name}")
             x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
             bias = torch.empty(n, dtype=torch.bfloat16) if proj.bias else None
-            if proj.name in ("qkv_proj", "gate_up_proj"):  # residual add + RMSNorm in the prologue
-                norm = torch.empty(k, dtype=x.dtype)
+            norm = torch.empty(k, dtype=x.dtype)
+            if proj.name == "qkv_proj":  # residual add + RMSNorm in the prologue
                 fused_linear.add_rms_norm_linear(x, torch.empty_like(x), norm, 1e-6, w, bias)
-            if proj.name == "down_proj":  # SwiGLU in the prologue
-                gate_up = torch.empty(1, 2 * k, dtype=torch.bfloat16)
-                fused_linear.silu_mul_linear(gate_up[:, :k], gate_up[:, k:], w)
-            if proj.name in ("qkv_proj", "o_proj", "lm_head"):  # plain: layer 0's qkv_proj, o_proj, lm_head
+            if proj.name == "gate_up_proj":  # and the SwiGLU gate in the epilogue
+                fused_linear.add_rms_norm_linear_silu_mul(x, torch.empty_like(x), norm, 1e-6, w)
+            if proj.name != "gate_up_proj":  # plain: layer 0's qkv_proj, o_proj, down_proj, lm_head
                 gemm.linear(x, w, bias)
             if preset != "article":
                 continue

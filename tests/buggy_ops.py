@@ -47,8 +47,10 @@ def attention_gqa_tiled(
     return attention_ops.attention(q, tiled_k, tiled_v, seq_lens, scale)
 
 
-def silu_mul_linear_swapped_halves(
-    gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor
-) -> torch.Tensor:
+def add_rms_norm_linear_silu_mul_swapped_halves(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """silu applied to the up half: the fused gate/up weight's halves read in the wrong order."""
-    return fused_linear.silu_mul_linear(up, gate, weight)
+    n = weight.shape[0] // 2
+    swapped = torch.cat([weight[n:], weight[:n]])
+    return fused_linear.add_rms_norm_linear_silu_mul(x, residual, norm_weight, eps, swapped)

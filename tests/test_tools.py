@@ -50,7 +50,11 @@ def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
         ("apply_rope=tests/buggy_ops.py:apply_rope_no_offset@2", "2", "apply_rope"),
         ("kv_cache_store=tests/buggy_ops.py:kv_cache_store_next_row@1", "1", "kv_cache_store"),
         ("attention=tests/buggy_ops.py:attention_gqa_tiled@3", "3", "attention"),
-        ("silu_mul_linear=tests/buggy_ops.py:silu_mul_linear_swapped_halves@1", "1", "silu_mul_linear"),
+        (
+            "add_rms_norm_linear_silu_mul=tests/buggy_ops.py:add_rms_norm_linear_silu_mul_swapped_halves@1",
+            "1",
+            "add_rms_norm_linear_silu_mul",
+        ),
     ],
     ids=[
         "wrong eps",

@@ -1,7 +1,8 @@
-"""Cases for ``add_rms_norm_linear`` and ``silu_mul_linear``: the GEMM cases (M = 1/2/3 on the
-fused gemv path, larger M on the composed path, N and K tails, weight views, bias) with the
-fused op's own inputs as the model passes them: x and the residual as row views, gate and up
-as the two halves of the fused gate/up output, norm weights of ones or near-ones, eps."""
+"""Cases for ``add_rms_norm_linear``, ``add_rms_norm_linear_silu_mul`` and ``silu_mul_linear``:
+the GEMM cases (M = 1/2/3 on the fused gemv path, larger M on the composed path, N and K tails,
+weight views, bias) with the fused op's own inputs as the model passes them: x and the
+residual as row views, gate and up as the two halves of the fused gate/up output (or its
+weight's row halves), norm weights of ones or near-ones, eps."""
 
 from __future__ import annotations
 
@@ -45,30 +46,37 @@ def _labels(params: dict, *layouts: str) -> list[str]:
 # ---- add_rms_norm_linear -----------------------------------------------------------------------
 
 
-def add_rms_norm_linear_params(limits: Limits) -> st.SearchStrategy[dict]:
-    return st.fixed_dictionaries(
-        {
-            **_shape_fields(limits),
-            "bias": st.booleans(),
-            "x_layout": st.sampled_from(ROW_LAYOUTS),
-            "residual_layout": st.sampled_from(ROW_LAYOUTS),
-            "norm_weight": st.sampled_from(["normal", "ones"]),
-            "eps": st.sampled_from([1e-6, 1e-5]),
-        }
-    )
+def _norm_fields(limits: Limits) -> dict:
+    return {
+        **_shape_fields(limits),
+        "x_layout": st.sampled_from(ROW_LAYOUTS),
+        "residual_layout": st.sampled_from(ROW_LAYOUTS),
+        "norm_weight": st.sampled_from(["normal", "ones"]),
+        "eps": st.sampled_from([1e-6, 1e-5]),
+    }
 
 
-def add_rms_norm_linear_build(params: dict, device: torch.device) -> Case:
-    gen = generator(params, device)
-    m, n, k, dtype = params["m"], params["n"], params["k"], dtype_of(params)
+def _norm_inputs(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """x, the residual and the norm weight, as the model passes them."""
+    m, k, dtype = params["m"], params["k"], dtype_of(params)
     x = _rows(m, k, params["x_layout"], dtype, params["dist"], gen, device)
     residual = _rows(m, k, params["residual_layout"], dtype, "normal", gen, device)
     if params["norm_weight"] == "ones":
         norm_weight = torch.ones(k, dtype=dtype, device=device)
     else:
         norm_weight = (1 + 0.1 * torch.randn(k, generator=gen, device=device)).to(dtype)
+    return x, residual, norm_weight
+
+
+def add_rms_norm_linear_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({**_norm_fields(limits), "bias": st.booleans()})
+
+
+def add_rms_norm_linear_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    x, residual, norm_weight = _norm_inputs(params, gen, device)
     weight = weight_tensor(params, gen, device)
-    bias = values((n,), dtype, "normal", gen, device) if params["bias"] else None
+    bias = values((params["n"],), dtype_of(params), "normal", gen, device) if params["bias"] else None
     labels = _labels(params, f"x {params['x_layout']}", f"residual {params['residual_layout']}")
     labels.append("bias" if params["bias"] else "no bias")
     return Case(params, (x, residual, norm_weight, params["eps"], weight, bias), labels=tuple(labels))
@@ -136,6 +144,60 @@ ADD_RMS_NORM_LINEAR_INVALID = (
     Invalid("bias of the wrong length", "bias", replace("bias", lambda b: b[:-1])),
     Invalid("3-d x", "x", replace("x", lambda x: x[None])),
     Invalid("x with a strided last dim", "x", replace("x", lambda x: x.new_empty(x.shape[::-1]).T)),
+)
+
+
+# ---- add_rms_norm_linear_silu_mul: N outputs from a [2N, K] gate/up weight ----------------------
+
+
+def add_rms_norm_linear_silu_mul_params(limits: Limits) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries(_norm_fields(limits))
+
+
+def add_rms_norm_linear_silu_mul_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    x, residual, norm_weight = _norm_inputs(params, gen, device)
+    weight = weight_tensor({**params, "n": 2 * params["n"]}, gen, device)  # gate rows, then up rows
+    labels = _labels(params, f"x {params['x_layout']}", f"residual {params['residual_layout']}")
+    return Case(params, (x, residual, norm_weight, params["eps"], weight), labels=tuple(labels))
+
+
+def _swiglu_example(name: str, m: int, n: int, k: int, **extra: object) -> dict:
+    example = _norm_example(name, m, n, k, **extra)
+    del example["bias"]
+    return example
+
+
+ADD_RMS_NORM_LINEAR_SILU_MUL_EXAMPLES = (
+    _swiglu_example(
+        "typical: 3 x 129 rows, residual slice, 2 x 33 weight rows sliced from a wider weight",
+        3,
+        33,
+        129,
+        x_layout="column_slice",
+        w_layout="row_slice",
+        gpu=False,
+    ),
+    *(
+        _swiglu_example(f"{preset} gate_up_proj M={m} (N={p.n // 2}, K={p.k})", m, p.n // 2, p.k)
+        for preset, p in distinct_projections(("gate_up_proj",))
+        for m in (1, 256)
+    ),
+    _swiglu_example("K in several steps with a tail: N=64, K=4000, large values", 1, 64, 4000, dist="large"),
+    _swiglu_example(
+        "batch decode M=4, N=4864, K=1024, residual slice", 4, 4864, 1024, residual_layout="column_slice"
+    ),
+    _swiglu_example("fp32 M=2, N=500, K=1000", 2, 500, 1000, dtype="float32"),
+    _swiglu_example("one output (N=1): a program's single gate/up pair", 1, 1, 96, gpu=False),
+)
+
+ADD_RMS_NORM_LINEAR_SILU_MUL_INVALID = (
+    Invalid("weight with an odd number of rows", "weight", replace("weight", lambda w: w[:-1])),
+    Invalid("residual of another shape", "residual", replace("residual", lambda r: r[:, :-1])),
+    Invalid("norm_weight of the wrong length", "norm_weight", replace("norm_weight", lambda w: w[:-1])),
+    Invalid("weight K differs from x's", "weight", replace("weight", lambda w: w[:, :-1])),
+    Invalid("weight given as [K, 2N]", "weight", replace("weight", lambda w: w.T.contiguous())),
+    Invalid("3-d x", "x", replace("x", lambda x: x[None])),
 )
 
 
