@@ -2,12 +2,13 @@
 # Everything the GPU must confirm, in one device call (device time is scarce): the test suite
 # on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
 # article preset, then the model benchmark. Logs go to $OUT (default ./out).
-# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention candidates
+# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention candidates ab
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the ab stage runs from ab_base/
 stages=${*:-tests e2e bisect bench}
 
 run() {  # run NAME LIMIT_S CMD...: log to $OUT/NAME.log, one summary line per stage
@@ -56,6 +57,21 @@ for stage in $stages; do
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
                 --try-config '896x4864=gemv n2 k512 w4 s4' --try-config '896x4864=gemv n4 k512 w4 s4' \
                 --try-config '896x4864=gemv n1 k512 w4 s4' ;;
+        # the decode step of this tree against ab_base/, a copy of an earlier commit made before the
+        # call (git archive REV | tar -x -C ab_base; it is git-ignored, so the device call must
+        # carry it), alternating A B A B in one call: the same code's step varies more across
+        # calls than most changes move it
+        ab)
+            [ -d ab_base ] || { echo "ab: no ab_base/ (git archive REV | tar -x -C ab_base)" >&2; exit 2; }
+            for round in 1 2; do
+                (cd ab_base && run "ab-base-$round" 120 env PYTHONPATH="$PWD" python -m verify.bench model \
+                    --preset article --skip unfused,eager,reference,compile,hf --repeat 3)
+                run "ab-current-$round" 120 python -m verify.bench model --preset article \
+                    --skip unfused,eager,reference,compile,hf --repeat 3 --profile
+            done
+            for log in "$OUT"/ab-*.log; do
+                echo "$(basename "$log" .log): $(grep '^triton + CUDA graph ' "$log")"
+            done | tee -a "$OUT/summary.txt" ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
