@@ -72,6 +72,15 @@ def _check_norm_operands(
     validate.positive("eps", eps)
 
 
+def _norm_outputs(
+    out: tuple[torch.Tensor, torch.Tensor] | None, x: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The projection ``[M, N]`` and the residual sum ``[M, K]``: the caller's ``out`` or new."""
+    y_out, total_out = out if out is not None else (None, None)
+    y = validate.output(y_out, (x.shape[0], n), x.dtype, x, "out[0]")
+    return y, validate.output(total_out, tuple(x.shape), x.dtype, x, "out[1]")
+
+
 def add_rms_norm_linear(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -89,9 +98,7 @@ def add_rms_norm_linear(
     m, n, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
     _check_norm_operands(x, residual, norm_weight, eps, k)
     gemm.check_bias(bias, n, x)
-    y_out, total_out = out if out is not None else (None, None)
-    y = validate.output(y_out, (m, n), x.dtype, x, "out[0]")
-    total = validate.output(total_out, (m, k), x.dtype, x, "out[1]")
+    y, total = _norm_outputs(out, x, n)
     config = _fused_config(m, n, k)
     if config is None:
         h = _intermediate((m, k), x)
@@ -125,9 +132,7 @@ def add_rms_norm_linear_silu_mul(
         )
     _check_norm_operands(x, residual, norm_weight, eps, k)
     n = n2 // 2
-    y_out, total_out = out if out is not None else (None, None)
-    y = validate.output(y_out, (m, n), x.dtype, x, "out[0]")
-    total = validate.output(total_out, (m, k), x.dtype, x, "out[1]")
+    y, total = _norm_outputs(out, x, n)
     config = _fused_config(m, n2, k)
     if config is None:
         h = _intermediate((m, k), x)
