@@ -43,20 +43,19 @@ for stage in $stages; do
             tests/test_ops.py -k test_matches_reference ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
         # decode-step candidates, each preset's table beside them in the same call (3 interleaved
-        # timings each): qkv and o_proj at 4 outputs a program; down_proj on more programs
-        # (qwen2.5's table pick gives 112 programs for 132 SMs, qwen3's 256)
+        # timings each): with the SwiGLU gate in gate_up's epilogue, down_proj is a plain gemv
+        # over the product, so its best config may have moved; gate_up at 8 outputs a program
         candidates)
             run candidates-article 200 python -m verify.bench model --preset article \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '1536x1024=gemv n4 k1024 w4 s1' --try-config '1024x1024=gemv n4 k1024 w4 s1' \
-                --try-config '1024x4864=gemv n1 k512 w4 s4' --try-config '1024x4864=gemv n2 k256 w4 s4'
+                --try-config '1024x4864=gemv n4 k512 w4 s4' --try-config '1024x4864=gemv n2 k1024 w4 s3' \
+                --try-config '1024x4864=gemv n1 k512 w4 s4' --try-config '9728x1024=gemv n16 k1024 w4 s1'
             run candidates-qwen3 150 python -m verify.bench model --preset qwen3-0.6b \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '1024x3072=gemv n2 k512 w4 s4' --try-config '1024x3072=gemv n1 k512 w4 s4'
+                --try-config '1024x3072=gemv n2 k512 w4 s4' --try-config '1024x3072=gemv n2 k1024 w4 s3'
             run candidates-qwen2.5 150 python -m verify.bench model --preset qwen2.5-0.5b \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '896x4864=gemv n2 k512 w4 s4' --try-config '896x4864=gemv n4 k512 w4 s4' \
-                --try-config '896x4864=gemv n1 k512 w4 s4' ;;
+                --try-config '896x4864=gemv n2 k512 w4 s4' --try-config '896x4864=gemv n4 k512 w4 s4' ;;
         # the decode step of this tree against ab_base/, a copy of an earlier commit made before the
         # call (git archive REV | tar -x -C ab_base; it is git-ignored, so the device call must
         # carry it), alternating A B A B in one call: the same code's step varies more across
