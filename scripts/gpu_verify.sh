@@ -44,12 +44,12 @@ for stage in $stages; do
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
         # decode-step candidates, each preset's table beside them in the same call (3 interleaved
         # timings each): with the SwiGLU gate in gate_up's epilogue, down_proj is a plain gemv
-        # over the product, so its best config may have moved; gate_up at 8 outputs a program
+        # over the product, so its best config may have moved; gate_up at 2 outputs a program
         candidates)
             run candidates-article 200 python -m verify.bench model --preset article \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
                 --try-config '1024x4864=gemv n4 k512 w4 s4' --try-config '1024x4864=gemv n2 k1024 w4 s3' \
-                --try-config '1024x4864=gemv n1 k512 w4 s4' --try-config '9728x1024=gemv n16 k1024 w4 s1'
+                --try-config '1024x4864=gemv n1 k512 w4 s4' --try-config '9728x1024=gemv n4 k1024 w4 s1'
             run candidates-qwen3 150 python -m verify.bench model --preset qwen3-0.6b \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
                 --try-config '1024x3072=gemv n2 k512 w4 s4' --try-config '1024x3072=gemv n2 k1024 w4 s3'
