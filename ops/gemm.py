@@ -12,9 +12,10 @@ CUDA Graph capture):
   one chunk, else through a pipelined loop, to keep enough bytes in flight. One chunk is a
   straight line (no loop), and takes far fewer registers, so more programs fit an SM: the
   article's decode gate_up went from 11.6-12.0 to 8.3-8.8 us in the step that way (H200,
-  2026-11-30). A persistent variant (a wave of programs each preparing x once, then streaming block after
-  block) was slower in the decode step than one program per block: 0.912-0.972 ms/token
-  against 0.944 for the pipelined table configs and 0.856 for one-step gate_up, same call.
+  2026-11-30). A persistent variant (a wave of programs each preparing x once, then
+  streaming block after block) was slower in the decode step than one program per block:
+  0.912-0.972 ms/token against 0.944 for the pipelined table configs and 0.856 for one-step
+  gate_up, same call.
 
 Either kernel can split K (``split_k`` programs per output tile, each over a contiguous K
 range) when the output alone gives too few programs to fill the GPU (N=1024 at M=1 is 256
@@ -146,28 +147,9 @@ def _gemv_chunk(
 ):  # fmt: skip
     """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w."""
     k_ok = offs_k < k_left
-    x, w, a, scale = _gemv_loads(
-        x_ptrs, w_ptrs, a_ptrs, norm_ptrs, offs_k, k_ok, inv_rms, PROLOGUE, MASKED
-    )  # fmt: skip
-    x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps, PROLOGUE, ONE_STEP)
-    prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if BLOCK_M == 1:
-        acc += prod
-    else:
-        acc += tl.sum(prod, axis=2)
-    return acc
-
-
-@triton.jit
-def _gemv_loads(
-    x_ptrs, w_ptrs, a_ptrs, norm_ptrs, offs_k, k_ok, inv_rms,
-    PROLOGUE: tl.constexpr, MASKED: tl.constexpr,
-):  # fmt: skip
-    """One chunk's x, w, the prologue's second operand a and norm scale, in that order; masked
-    lanes (the K tail) read 0. Operands the prologue does not use come back as placeholders."""
-    a = x_ptrs
+    a = x_ptrs  # placeholders where the prologue reads no second operand or norm scale
     scale = inv_rms
-    if MASKED:
+    if MASKED:  # the K tail: masked lanes read 0 and add nothing
         x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
         if PROLOGUE != "none":
@@ -181,7 +163,13 @@ def _gemv_loads(
             a = tl.load(a_ptrs)
         if PROLOGUE == "add_rms_norm":
             scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
-    return x, w, a, scale
+    x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps, PROLOGUE, ONE_STEP)
+    prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    if BLOCK_M == 1:
+        acc += prod
+    else:
+        acc += tl.sum(prod, axis=2)
+    return acc
 
 
 @triton.jit
@@ -658,8 +646,10 @@ def run(
     split = partials.shape[0] if partials is not None else 1
     # Blocks no larger than the problem (tl.dot needs >= 16 in every dim).
     block_n = max(16 if config.kernel == "tiled" else 1, min(config.block_n, triton.next_power_of_2(n)))
+    outputs_per_program = block_n
     if epilogue == "silu_mul":  # the weight rows of block_n / 2 outputs, gate and up of each
         block_n, n = max(2, block_n), n // 2
+        outputs_per_program = block_n // 2
     block_k = max(16, min(config.block_k, triton.next_power_of_2(triton.cdiv(k, split))))
     # Each split covers whole K blocks, so only the last block of the last nonempty split is partial.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
@@ -672,7 +662,6 @@ def run(
     if config.kernel == "gemv":
         block_m = triton.next_power_of_2(m)
         p = prologue or Prologue("none", x)
-        outputs_per_program = block_n // 2 if epilogue == "silu_mul" else block_n
         _gemv_kernel[(triton.cdiv(n, outputs_per_program), split)](
             x,
             weight,
