@@ -208,10 +208,4 @@ register(OpSpec(  # decode's gate/up GEMM: the norm in its prologue, the SwiGLU 
     (11, 12, 13, 14, 15), s_fused_linear.ADD_RMS_NORM_LINEAR_SILU_MUL_EXAMPLES,
     s_fused_linear.ADD_RMS_NORM_LINEAR_SILU_MUL_INVALID, sums_products=True,
 ))
-register(OpSpec(  # decode's down projection with the SwiGLU gate in its prologue
-    "silu_mul_linear", fused_linear.silu_mul_linear, references.fused_linear.silu_mul_linear,
-    s_fused_linear.silu_mul_linear_params, s_fused_linear.silu_mul_linear_build, (15, 16),
-    s_fused_linear.SILU_MUL_LINEAR_EXAMPLES, s_fused_linear.SILU_MUL_LINEAR_INVALID,
-    sums_products=True,
-))
 # fmt: on

@@ -11,8 +11,6 @@ Graph, so two of them are folded into the GEMM that consumes their output:
   SwiGLU gate in its epilogue: each program streams the gate and up rows of its outputs and
   stores ``silu(gate) * up``, so the down projection after it reads half the width and no
   program of it recomputes the activation.
-* ``silu_mul_linear``: SwiGLU gate + down projection. The gemv kernel reads gate and up
-  chunks and multiplies ``silu(gate) * up`` on the fly.
 
 Each fused value is rounded to the input dtype exactly where the unfused op would round its
 output, so the result is the unfused composition's, up to fp32 summation order. Past the
@@ -145,23 +143,3 @@ def add_rms_norm_linear_silu_mul(
     # the epilogue needs whole sums: no split-K
     _project(x, weight, None, config.replace(split_k=1), y, prologue, "silu_mul")
     return y, total
-
-
-def silu_mul_linear(
-    gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``linear(silu_mul(gate, up), weight)``: ``gate``, ``up`` ``[M, K]`` (the halves of the
-    fused gate/up output), ``weight`` ``[N, K]``."""
-    m, n, k = gemm.check_operands(gate, weight, "gate", last_dim_contiguous=True)
-    validate.tensor("up", up, ndim=2)
-    validate.shape("up", up, gate.shape, "the shape of gate")
-    validate.same_dtype("up", up, "gate", gate)
-    y = validate.output(out, (m, n), gate.dtype, gate)
-    config = _fused_config(m, n, k)
-    if config is None:
-        h = _intermediate((m, k), gate)
-        elementwise.silu_mul(gate, up, out=h)
-        gemm.linear(h, weight, None, out=y)
-        return y
-    _project(gate, weight, None, config, y, gemm.Prologue("silu_mul", up))
-    return y

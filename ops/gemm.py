@@ -179,7 +179,7 @@ def _gemv_prologue(
 ):  # fmt: skip
     """A loaded x chunk through the prologue, rounded to x's dtype as the unfused op's output is:
     ``"add_rms_norm"`` ((x + a) * inv_rms * scale; ``store_sum`` stores x + a to ``sum_ptrs``; with
-    ``ONE_STEP`` the chunk is the whole row and gives inv_rms), ``"silu_mul"`` (silu(x) * a)."""
+    ``ONE_STEP`` the chunk is the whole row and gives inv_rms)."""
     if PROLOGUE == "add_rms_norm":
         total = (x.to(tl.float32) + a.to(tl.float32)).to(x.dtype)
         if store_sum:
@@ -188,9 +188,6 @@ def _gemv_prologue(
             squares = total.to(tl.float32) * total.to(tl.float32)
             inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
         x = (total.to(tl.float32) * inv_rms[:, None] * scale[None, :]).to(x.dtype)
-    elif PROLOGUE == "silu_mul":
-        gate = x.to(tl.float32)
-        x = (gate * tl.sigmoid(gate) * a.to(tl.float32)).to(x.dtype)
     return x
 
 
@@ -232,8 +229,8 @@ def _gemv_kernel(
 
     ``PROLOGUE`` fuses the op that produced x into the load of each x chunk, so its output never
     goes through memory: ``"add_rms_norm"`` (x + a, normalized by the whole row's rms and scaled by
-    ``norm``; the programs of the first output block also store x + a to ``sum``) or
-    ``"silu_mul"`` (silu(x) * a). Each is rounded to x's dtype, exactly as the unfused op's output.
+    ``norm``; the programs of the first output block also store x + a to ``sum``), rounded to x's
+    dtype exactly as the unfused op's output.
     ``EPILOGUE="silu_mul"`` (no split, no bias): the weight has 2N rows, gate rows then up rows;
     a program streams the gate and up rows of BLOCK_N / 2 outputs, interleaved, rounds both sums
     to the output dtype as ``linear`` would, and stores silu(gate) * up.
@@ -538,8 +535,8 @@ def partials_shape(m: int, n: int, k: int) -> tuple[int, int, int] | None:
 class Prologue:
     """An op the gemv kernel applies to each chunk of x as it loads it (see ``_gemv_kernel``).
 
-    ``kind`` is ``"add_rms_norm"`` (``other`` is the residual; ``total`` receives x + residual)
-    or ``"silu_mul"`` (x is the gate, ``other`` the up half). ``other`` has x's shape.
+    ``kind`` is ``"add_rms_norm"``: ``other`` is the residual (x's shape), ``total`` receives
+    x + residual.
     """
 
     kind: str

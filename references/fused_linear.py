@@ -37,7 +37,3 @@ def add_rms_norm_linear_silu_mul(
     gate_up = rounded(gate_up, x.dtype)
     n = weight.shape[0] // 2
     return silu_mul(gate_up[:, :n], gate_up[:, n:]), total
-
-
-def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return linear(rounded(silu_mul(gate, up), gate.dtype), weight)

@@ -1,8 +1,8 @@
-"""Cases for ``add_rms_norm_linear``, ``add_rms_norm_linear_silu_mul`` and ``silu_mul_linear``:
-the GEMM cases (M = 1/2/3 on the fused gemv path, larger M on the composed path, N and K tails,
-weight views, bias) with the fused op's own inputs as the model passes them: x and the
-residual as row views, gate and up as the two halves of the fused gate/up output (or its
-weight's row halves), norm weights of ones or near-ones, eps."""
+"""Cases for ``add_rms_norm_linear`` and ``add_rms_norm_linear_silu_mul``: the GEMM cases
+(M = 1/2/3 on the fused gemv path, larger M on the composed path, N and K tails, weight views,
+bias) with the fused op's own inputs as the model passes them: x and the residual as row
+views, the gate/up weight as one [2N, K] matrix (or a row slice of a wider one), norm
+weights of ones or near-ones, eps."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, replace
-from verify.strategies.gemm import W_LAYOUTS, distinct_projections, fits_dtype, m_sizes, weight_tensor
+from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
-GATE_UP_LAYOUTS = ("fused", "separate", "column_slice")
 
 
 def _rows(m: int, k: int, layout: str, dtype: torch.dtype, dist: str, gen, device) -> torch.Tensor:
@@ -198,72 +197,4 @@ ADD_RMS_NORM_LINEAR_SILU_MUL_INVALID = (
     Invalid("weight K differs from x's", "weight", replace("weight", lambda w: w[:, :-1])),
     Invalid("weight given as [K, 2N]", "weight", replace("weight", lambda w: w.T.contiguous())),
     Invalid("3-d x", "x", replace("x", lambda x: x[None])),
-)
-
-
-# ---- silu_mul_linear ---------------------------------------------------------------------------
-
-
-def silu_mul_linear_params(limits: Limits) -> st.SearchStrategy[dict]:
-    fields = {**_shape_fields(limits), "gate_up": st.sampled_from(GATE_UP_LAYOUTS)}
-    return st.fixed_dictionaries(fields).filter(fits_dtype)
-
-
-def silu_mul_linear_build(params: dict, device: torch.device) -> Case:
-    gen = generator(params, device)
-    m, k, dtype, dist = params["m"], params["k"], dtype_of(params), params["dist"]
-    layout = params["gate_up"]
-    if layout == "fused":  # the model's layout: [gate | up] halves of one [M, 2K] GEMM output
-        both = values((m, 2 * k), dtype, dist, gen, device)
-        gate, up = both[:, :k], both[:, k:]
-    else:
-        gate = _rows(m, k, layout if layout != "separate" else "contiguous", dtype, dist, gen, device)
-        up = _rows(m, k, layout if layout != "separate" else "contiguous", dtype, dist, gen, device)
-    weight = weight_tensor(params, gen, device)
-    return Case(params, (gate, up, weight), labels=tuple(_labels(params, f"gate/up {layout}")))
-
-
-def _silu_example(name: str, m: int, n: int, k: int, **extra: object) -> dict:
-    base = {
-        "m": m,
-        "n": n,
-        "k": k,
-        "w_layout": "contiguous",
-        "gate_up": "fused",
-        "dtype": "bfloat16",
-        "dist": "normal",
-        "seed": 0,
-    }
-    return {"name": name, **base, **extra}
-
-
-def _down_projection_examples() -> tuple[dict, ...]:
-    return tuple(
-        _silu_example(f"{preset} down_proj M={m} (N={p.n}, K={p.k})", m, p.n, p.k)
-        for preset, p in distinct_projections(("down_proj",))
-        for m in (1, 256)
-    )
-
-
-SILU_MUL_LINEAR_EXAMPLES = (
-    _silu_example(
-        "typical: 3 x 129 halves of a fused buffer, weight row slice",
-        3,
-        65,
-        129,
-        w_layout="row_slice",
-        gpu=False,
-    ),
-    *_down_projection_examples(),
-    _silu_example("split-K gemv with a K tail (M=1, N=1024, K=4000)", 1, 1024, 4000),
-    _silu_example("batch decode M=3, K=4863, gate/up column slices", 3, 1024, 4863, gate_up="column_slice"),
-    _silu_example("large gate values (silu ~ identity, ~ 0)", 1, 896, 4864, dist="large"),
-)
-
-SILU_MUL_LINEAR_INVALID = (
-    Invalid("up of another shape", "up", replace("up", lambda u: u[:, :-1])),
-    Invalid("up dtype differs from gate", "up", replace("up", lambda u: u.float()), TypeError),
-    Invalid("weight K differs from gate's", "weight", replace("weight", lambda w: w[:, :-1])),
-    Invalid("weight given as [K, N]", "weight", replace("weight", lambda w: w.T.contiguous())),
-    Invalid("1-d gate", "gate", replace("gate", lambda g: g[0])),
 )
