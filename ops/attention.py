@@ -49,6 +49,8 @@ PATHS = ("auto", "prefill", "decode")
 DECODE_MAX_ROWS = 64  # query rows (new tokens x q heads per kv head) one decode program holds
 HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tiles need no head-dim mask
 MAX_SPLITS = 128  # caps the combine kernel's work and the scratch size
+COMBINE_CHUNK = 32  # splits the combine kernel loads at once
+COMBINE_BLOCK_D = 64  # head dims per combine program: a D=128 row is two programs
 LOG2E = 1.4426950408889634
 # Integer sizes the kernels take at run time but do not specialize on (Triton otherwise compiles
 # a variant per size that is 1 or a multiple of 16): here they only bound loops and masks, and
@@ -303,34 +305,36 @@ def _decode_combine_kernel(
     o_ptr,
     SPLITS,
     HEAD_DIM: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One output row: each split's (max, sum, acc) rescaled by ``2^(m - max m)``, summed, divided."""
+    """BLOCK_D dims of one output row: each split's (max, sum, acc) rescaled by ``2^(m - max m)``,
+    summed, divided. The max is a running one, rescaled chunk by chunk as in the split kernel's
+    online softmax, so a chunk's max, sum and acc loads go out together: one trip to L2 per chunk
+    rather than a trip for the maxima and then one for the rest."""
     pdl.release(PDL)
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)  # (b, i, h) in the output's row order
-    splits = tl.arange(0, BLOCK_SPLITS)
-    m = tl.max(tl.load(part_max_ptr + row * SPLITS + splits, mask=splits < SPLITS, other=float("-inf")), 0)
-    m_use = tl.where(m == float("-inf"), 0.0, m)  # no split saw a row: all weights 0, output 0
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    total = tl.zeros([CHUNK], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+    m_run = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
     for first in range(0, SPLITS, CHUNK):
-        chunk = first + offs_c
-        ok = chunk < SPLITS
-        w = tl.math.exp2(tl.load(part_max_ptr + row * SPLITS + chunk, mask=ok, other=float("-inf")) - m_use)
-        total += w * tl.load(part_sum_ptr + row * SPLITS + chunk, mask=ok, other=0.0)
-        part = tl.load(
-            part_acc_ptr + (row * SPLITS + chunk)[:, None] * HEAD_DIM + offs_d[None, :],
-            ok[:, None],
-            other=0.0,
-        )
-        acc += tl.sum(part * w[:, None], 0)
-    denom = tl.sum(total, 0)
-    o = acc / tl.where(denom == 0.0, 1.0, denom)
+        chunk = row * SPLITS + first + offs_c
+        ok = first + offs_c < SPLITS
+        m = tl.load(part_max_ptr + chunk, mask=ok, other=float("-inf"))
+        sums = tl.load(part_sum_ptr + chunk, mask=ok, other=0.0)
+        part = tl.load(part_acc_ptr + chunk[:, None] * HEAD_DIM + offs_d[None, :], ok[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split saw the row yet: weights 0
+        alpha = tl.math.exp2(m_run - m_use)
+        w = tl.math.exp2(m - m_use)
+        total = total * alpha + tl.sum(w * sums, 0)
+        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        m_run = m_new
+    o = acc / tl.where(total == 0.0, 1.0, total)
     tl.store(o_ptr + row * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty))
 
 
@@ -498,10 +502,11 @@ def launch_decode(
     )  # fmt: skip
     if splits == 1:
         return
-    _decode_combine_kernel[(batch * seq * q_heads,)](
-        scratch.acc, scratch.max, scratch.sum, o, splits, HEAD_DIM=dim,
-        BLOCK_SPLITS=max(16, triton.next_power_of_2(splits)), CHUNK=16,
-        num_warps=4 if dim >= 128 else 2, **pdl.launch_options(),
+    block_d = min(dim, COMBINE_BLOCK_D)
+    _decode_combine_kernel[(batch * seq * q_heads, dim // block_d)](
+        scratch.acc, scratch.max, scratch.sum, o, splits, HEAD_DIM=dim, BLOCK_D=block_d,
+        CHUNK=min(COMBINE_CHUNK, triton.next_power_of_2(splits)), num_warps=2,
+        **pdl.launch_options(),
     )  # fmt: skip
 
 

@@ -138,6 +138,20 @@ def test_decode_runs_on_preallocated_buffers_only(monkeypatch: pytest.MonkeyPatc
     assert result.passed, result.describe()
 
 
+@pytest.mark.parametrize("scores", ["normal", "large", "very_negative"])
+def test_combine_rescales_across_chunks_of_splits(monkeypatch: pytest.MonkeyPatch, scores: str) -> None:
+    """The combine kernel's running max over several chunks of splits, the last one partial, and
+    rows whose later splits lie past seq_len (neutral partials)."""
+    monkeypatch.setattr(ops_attention, "COMBINE_CHUNK", 2)
+    config = ops_attention.DecodeConfig(block_n=16, num_warps=4, num_stages=1, target_programs=28)
+    monkeypatch.setattr(ops_attention, "decode_config", lambda head_dim, dtype: config)
+    case = _case(s=1, past=100, slack=0, b=2, kv_heads=2, lens="ragged", scores=scores)
+    q, k_cache = case.args[:2]
+    assert ops_attention.decode_splits(2, 2, k_cache.shape[1], config)[0] == 7
+    result = check(registry.get("attention_decode"), case)
+    assert result.passed, result.describe()
+
+
 def test_unspecialized_sizes_are_kernel_parameters() -> None:
     """``do_not_specialize`` ignores a name the kernel does not take: a typo would silently bring
     back a compile per size."""
