@@ -74,6 +74,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     target_programs: int  # aim for about this many (split, batch, kv head) programs
+    min_split_rows: int  # but give no split fewer cache rows than this
 
 
 class DecodeScratch(NamedTuple):
@@ -366,18 +367,24 @@ def prefill_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
 def decode_config(head_dim: int, dtype: torch.dtype) -> DecodeConfig:
     """Tiles and split target for the decode path: 16 KiB K and V tiles, ~2 programs per SM."""
     if backend.is_interpreter():
-        return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())
+        return DecodeConfig(
+            block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count(), min_split_rows=16
+        )
     block_n = max(16, 8192 // head_dim)
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
-    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, target_programs=2 * _sm_count())
+    return DecodeConfig(
+        block_n=block_n, num_warps=4, num_stages=3, target_programs=2 * _sm_count(), min_split_rows=block_n
+    )
 
 
 def decode_splits(batch: int, kv_heads: int, capacity: int, config: DecodeConfig) -> tuple[int, int]:
     """``(splits, rows per split)`` for a cache of ``capacity`` rows: a function of shapes only."""
     blocks = max(1, triton.cdiv(capacity, config.block_n))
     wanted = max(1, triton.cdiv(config.target_programs, batch * kv_heads))
-    per_split = max(triton.cdiv(blocks, min(wanted, MAX_SPLITS)), 1)
+    per_split = max(
+        triton.cdiv(blocks, min(wanted, MAX_SPLITS)), triton.cdiv(config.min_split_rows, config.block_n)
+    )
     return triton.cdiv(blocks, per_split), per_split * config.block_n
 
 

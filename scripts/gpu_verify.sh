@@ -56,15 +56,18 @@ for stage in $stages; do
             run candidates-qwen2.5 150 python -m verify.bench model --preset qwen2.5-0.5b \
                 --skip unfused,eager,reference,compile,hf --repeat 3 \
                 --try-config '896x4864=gemv n2 k512 w4 s4' --try-config '896x4864=gemv n4 k512 w4 s4' ;;
-        # the decode step of this tree against ab_base/, a copy of an earlier commit made before the
-        # call (git archive REV | tar -x -C ab_base; it is git-ignored, so the device call must
-        # carry it), alternating A B A B in one call: the same code's step varies more across
-        # calls than most changes move it
+        # the decode step of this tree against each ab_*/ copy (ab_base/: an earlier commit, git
+        # archive REV | tar -x -C ab_base; ab_<variant>/: this tree with one change), alternating
+        # in one call, two rounds: the same code's step varies more across calls than most changes
+        # move it. The copies are git-ignored, so the device call must carry them.
         ab)
-            [ -d ab_base ] || { echo "ab: no ab_base/ (git archive REV | tar -x -C ab_base)" >&2; exit 2; }
+            copies=$(ls -d ab_*/ 2>/dev/null)
+            [ -n "$copies" ] || { echo "ab: no ab_*/ copies (git archive REV | tar -x -C ab_base)" >&2; exit 2; }
             for round in 1 2; do
-                (cd ab_base && run "ab-base-$round" 120 env PYTHONPATH="$PWD" python -m verify.bench model \
-                    --preset article --skip unfused,eager,reference,compile,hf --repeat 3)
+                for copy in $copies; do
+                    (cd "$copy" && run "ab-${copy%/}-$round" 120 env PYTHONPATH="$PWD" python -m verify.bench model \
+                        --preset article --skip unfused,eager,reference,compile,hf --repeat 3)
+                done
                 run "ab-current-$round" 120 python -m verify.bench model --preset article \
                     --skip unfused,eager,reference,compile,hf --repeat 3 --profile
             done
