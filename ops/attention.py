@@ -365,12 +365,17 @@ def prefill_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
 
 
 def decode_config(head_dim: int, dtype: torch.dtype) -> DecodeConfig:
-    """Tiles and split target for the decode path: 16 KiB K and V tiles, ~2 programs per SM."""
+    """Tiles and split target for the decode path: 8 KiB K and V tiles (bf16), ~2 programs per SM.
+
+    32-row tiles at head_dim 128 give a short cache more splits: in the article decode step
+    (cache 385 rows, H200, 2026-11-30) 0.722 ms/token against 0.744 for 64-row tiles, and 0.807
+    for 64-row tiles with 4 or 8 blocks a split (fewer, longer splits).
+    """
     if backend.is_interpreter():
         return DecodeConfig(
             block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count(), min_split_rows=16
         )
-    block_n = max(16, 8192 // head_dim)
+    block_n = max(16, 4096 // head_dim)
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
     return DecodeConfig(
