@@ -364,18 +364,23 @@ def prefill_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
     return cfg
 
 
-def decode_config(head_dim: int, dtype: torch.dtype) -> DecodeConfig:
-    """Tiles and split target for the decode path: 8 KiB K and V tiles (bf16), ~2 programs per SM.
+def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeConfig:
+    """Tiles and split target for the decode path over a cache of ``capacity`` rows: 8 or 16 KiB
+    K and V tiles (bf16), ~2 programs per SM.
 
-    32-row tiles at head_dim 128 give a short cache more splits: in the article decode step
-    (cache 385 rows, H200, 2026-11-30) 0.722 ms/token against 0.744 for 64-row tiles, and 0.807
-    for 64-row tiles with 4 or 8 blocks a split (fewer, longer splits).
+    The tile rows follow measurements at head_dim 128 on the H200 (2026-11-30, same-call
+    comparisons). 32 rows for short caches: in the article decode step (385 rows) 0.722 ms/token
+    against 0.744 for 64 rows (0.807 with 4-8 blocks a split). 64 rows from 513 to 8192 rows
+    (``verify.bench attention``, 32 rows against 64: cache 1024 6.92 vs 4.69 us, 4096 9.60 vs
+    7.60). 32 rows past that, where every split walks several tiles anyway (16384: 13.58 vs
+    15.04 us, 32768: 17.14 vs 19.10).
     """
     if backend.is_interpreter():
         return DecodeConfig(
             block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count(), min_split_rows=16
         )
-    block_n = max(16, 4096 // head_dim)
+    tile_bytes = 4096 if capacity <= 512 or capacity > 8192 else 8192
+    block_n = max(16, tile_bytes // head_dim)
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
     return DecodeConfig(
@@ -398,7 +403,7 @@ def decode_scratch(
 ) -> DecodeScratch:
     """Allocate the decode path's partials for these shapes (once, before graph capture)."""
     batch, seq, q_heads, dim = q.shape
-    config = config or decode_config(dim, q.dtype)
+    config = config or decode_config(dim, q.dtype, k_cache.shape[1])
     splits, _ = decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)
     rows = (batch, seq, q_heads, splits)
     return DecodeScratch(
@@ -560,7 +565,7 @@ def attention(
     if not decode:
         launch_prefill(q, k_cache, v_cache, seq_lens, scale, o, prefill_config(dim, q.dtype))
         return o
-    config = decode_config(dim, q.dtype)
+    config = decode_config(dim, q.dtype, k_cache.shape[1])
     if scratch is None:
         scratch = _cached_scratch(q, k_cache, config)
     else:

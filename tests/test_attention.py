@@ -130,7 +130,10 @@ def test_decode_runs_on_preallocated_buffers_only(monkeypatch: pytest.MonkeyPatc
     assert got is out
     assert not any(t.isnan().any() for t in scratch), "a partial was left unwritten"
     _, split_size = ops_attention.decode_splits(
-        2, k_cache.shape[2], k_cache.shape[1], ops_attention.decode_config(q.shape[-1], q.dtype)
+        2,
+        k_cache.shape[2],
+        k_cache.shape[1],
+        ops_attention.decode_config(q.shape[-1], q.dtype, k_cache.shape[1]),
     )
     empty = torch.arange(splits, device=DEVICE) * split_size >= 3  # row 1's splits past its 3 rows
     assert (scratch.max[1][..., empty] == float("-inf")).all()
@@ -147,7 +150,7 @@ def test_combine_rescales_across_chunks_of_splits(monkeypatch: pytest.MonkeyPatc
     config = ops_attention.DecodeConfig(
         block_n=16, num_warps=4, num_stages=1, target_programs=28, min_split_rows=16
     )
-    monkeypatch.setattr(ops_attention, "decode_config", lambda head_dim, dtype: config)
+    monkeypatch.setattr(ops_attention, "decode_config", lambda head_dim, dtype, capacity: config)
     case = _case(s=1, past=100, slack=0, b=2, kv_heads=2, lens="ragged", scores=scores)
     k_cache = case.args[1]
     assert ops_attention.decode_splits(2, 2, k_cache.shape[1], config)[0] == 7
@@ -168,11 +171,12 @@ def test_unspecialized_sizes_are_kernel_parameters() -> None:
 
 
 def test_decode_split_count_depends_on_shapes_only() -> None:
-    config = ops_attention.decode_config(128, torch.bfloat16)
-    for capacity in (1, 17, 4096, 32768):
+    for capacity in (1, 17, 512, 513, 4096, 8193, 32768):
+        config = ops_attention.decode_config(128, torch.bfloat16, capacity)
         splits, size = ops_attention.decode_splits(1, 2, capacity, config)
         assert 1 <= splits <= ops_attention.MAX_SPLITS and splits * size >= capacity
         assert (splits - 1) * size < capacity, "a split that can never hold a row"
+    config = ops_attention.decode_config(128, torch.bfloat16, 4096)
     wide = dataclasses.replace(config, min_split_rows=4 * config.block_n)
     for capacity in (1, 4 * config.block_n + 1, 32768):
         splits, size = ops_attention.decode_splits(1, 2, capacity, wide)

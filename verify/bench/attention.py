@@ -290,7 +290,7 @@ def sweep_decode(model: dict, name: str, capacity: int) -> dict:
     copies = timing.copies_for(2 * k.numel() * k.element_size())
     ks, vs = _rotated(k, copies), _rotated(v, copies)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    default = ops_attention.decode_config(q.shape[-1], q.dtype)
+    default = ops_attention.decode_config(q.shape[-1], q.dtype, k.shape[1])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = [
         ops_attention.DecodeConfig(bn, warps, stages, per_sm * sms, bn)
