@@ -2,7 +2,7 @@
 # Everything the GPU must confirm, in one device call (device time is scarce): the test suite
 # on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
 # article preset, then the model benchmark. Logs go to $OUT (default ./out).
-# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention candidates ab
+# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention ab
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
@@ -42,20 +42,6 @@ for stage in $stages; do
         thorough) run thorough 440 env HYPOTHESIS_PROFILE=thorough python -m pytest -n 16 -x -v -p no:cacheprovider \
             tests/test_ops.py -k test_matches_reference ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
-        # decode-step candidates, each preset's table beside them in the same call (3 interleaved
-        # timings each): with the SwiGLU gate in gate_up's epilogue, down_proj is a plain gemv
-        # over the product, so its best config may have moved; gate_up at 2 outputs a program
-        candidates)
-            run candidates-article 200 python -m verify.bench model --preset article \
-                --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '1024x4864=gemv n4 k512 w4 s4' --try-config '1024x4864=gemv n2 k1024 w4 s3' \
-                --try-config '1024x4864=gemv n1 k512 w4 s4' --try-config '9728x1024=gemv n4 k1024 w4 s1'
-            run candidates-qwen3 150 python -m verify.bench model --preset qwen3-0.6b \
-                --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '1024x3072=gemv n2 k512 w4 s4' --try-config '1024x3072=gemv n2 k1024 w4 s3'
-            run candidates-qwen2.5 150 python -m verify.bench model --preset qwen2.5-0.5b \
-                --skip unfused,eager,reference,compile,hf --repeat 3 \
-                --try-config '896x4864=gemv n2 k512 w4 s4' --try-config '896x4864=gemv n4 k512 w4 s4' ;;
         # the decode step of this tree against each ab_*/ copy (ab_base/: an earlier commit, git
         # archive REV | tar -x -C ab_base; ab_<variant>/: this tree with one change), alternating
         # in one call, two rounds: the same code's step varies more across calls than most changes
