@@ -208,4 +208,13 @@ register(OpSpec(  # decode's gate/up GEMM: the norm in its prologue, the SwiGLU 
     (11, 12, 13, 14, 15), s_fused_linear.ADD_RMS_NORM_LINEAR_SILU_MUL_EXAMPLES,
     s_fused_linear.ADD_RMS_NORM_LINEAR_SILU_MUL_INVALID, sums_products=True,
 ))
+register(OpSpec(  # decode's QKV GEMM: the norm in its prologue, RoPE and the cache write in its epilogue
+    "add_rms_norm_linear_rope_kv_store", fused_linear.add_rms_norm_linear_rope_kv_store,
+    references.fused_linear.add_rms_norm_linear_rope_kv_store,
+    s_fused_linear.add_rms_norm_linear_rope_kv_store_params,
+    s_fused_linear.add_rms_norm_linear_rope_kv_store_build, (11, 12, 2, 4, 5, 18),
+    s_fused_linear.ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_EXAMPLES,
+    s_fused_linear.ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_INVALID,
+    mutates=("k_cache", "v_cache"), sums_products=True,
+))
 # fmt: on

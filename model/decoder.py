@@ -22,9 +22,11 @@ and after the last layer ``logits = linear(add_rms_norm(x, residual, final_norm)
 
 With ``fused=True`` (the default; decode's kernel count decides its speed) consecutive ops
 run as one fused op each, registered and verified like any other (see ``FUSIONS``):
-``add_rms_norm_linear`` for norm + QKV (from layer 1 on: layer 0 has no residual to add),
-``rope_kv_store`` for qk-norm + RoPE + cache write, ``add_rms_norm_linear_silu_mul`` for
-norm + gate/up + SwiGLU. ``fused=False`` calls the parts, one op per step of the listing above,
+``add_rms_norm_linear_rope_kv_store`` for norm + QKV + RoPE + cache write (from layer 1 on:
+layer 0 has no residual to add; and not with qk-norm, which needs whole heads the QKV gemv's
+programs do not hold: there ``add_rms_norm_linear`` then ``rope_kv_store``), and
+``add_rms_norm_linear_silu_mul`` for norm + gate/up + SwiGLU (``layer_ops`` lists a layer's).
+``fused=False`` calls the parts, one op per step of the listing above,
 which is what an ``--inject`` of one part needs.
 """
 
@@ -55,12 +57,14 @@ OPS = (
     "add_rms_norm_linear",
     "rope_kv_store",
     "add_rms_norm_linear_silu_mul",
+    "add_rms_norm_linear_rope_kv_store",
 )
 # fused op -> the ops it stands for (its reference is their composition)
 FUSIONS = {
     "add_rms_norm_linear": ("add_rms_norm", "linear"),
     "rope_kv_store": ("rms_norm", "apply_rope", "kv_cache_store"),
     "add_rms_norm_linear_silu_mul": ("add_rms_norm", "linear", "silu_mul"),
+    "add_rms_norm_linear_rope_kv_store": ("add_rms_norm", "linear", "apply_rope", "kv_cache_store"),
 }
 FUSED_PARTS = frozenset(part for parts in FUSIONS.values() for part in parts)
 MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, lm_head
@@ -132,8 +136,30 @@ class Decoder:
             raise ValueError(
                 f"{op} runs inside a fused op in this decoder (fused=True): build it with fused=False"
             )
+        missing = [layer for layer in layers if op not in self.layer_ops(layer)]
+        if missing:
+            raise ValueError(
+                f"{op} is not called in layer {missing[0]} of this decoder, which runs "
+                f"{', '.join(self.layer_ops(missing[0]))} there"
+            )
         for layer in layers:
             self.overrides[(op, layer)] = impl
+
+    def layer_ops(self, n: int) -> tuple[str, ...]:
+        """The ops layer ``n`` calls, in order (what an injection can swap there)."""
+        c = self.config
+        if not self.fused:
+            qk_norm = ("rms_norm", "rms_norm") if c.qk_norm else ()
+            norm = "rms_norm" if n == 0 else "add_rms_norm"
+            attn = (norm, "linear", *qk_norm, "apply_rope", "apply_rope", "kv_cache_store", "attention")
+            return (*attn, "linear", "add_rms_norm", "linear", "silu_mul", "linear")
+        if n == 0:
+            qkv = ("rms_norm", "linear", "rope_kv_store")
+        elif c.qk_norm:
+            qkv = ("add_rms_norm_linear", "rope_kv_store")
+        else:
+            qkv = ("add_rms_norm_linear_rope_kv_store",)
+        return (*qkv, "attention", "linear", "add_rms_norm_linear_silu_mul", "linear")
 
     def op(self, layer: int, point: str, name: str, *args: Any, slot: int = 0) -> Any:
         """Call op ``name`` at hook ``point`` of ``layer``.
@@ -198,47 +224,17 @@ class Decoder:
         batch, seq, hidden = x.shape
         eps = c.rms_norm_eps
         rows = batch * seq
-        if residual is None:
-            h, residual = self.op(n, "attn_norm", "rms_norm", x, w.input_norm, eps), x
-            qkv = self.op(n, "qkv_proj", "linear", h.view(rows, hidden), w.qkv, w.qkv_bias)
-        elif self.fused:
-            qkv, total = self.op(
-                n, "qkv_proj", "add_rms_norm_linear", x.view(rows, hidden), residual.view(rows, hidden),
-                w.input_norm, eps, w.qkv, w.qkv_bias, slot=n % 2,
+        k_cache, v_cache = self.k_cache[n], self.v_cache[n]
+        if "add_rms_norm_linear_rope_kv_store" in self.layer_ops(n):
+            q, total = self.op(
+                n, "qkv_proj", "add_rms_norm_linear_rope_kv_store", x.view(rows, hidden),
+                residual.view(rows, hidden), w.input_norm, eps, w.qkv, w.qkv_bias, cos, sin, k_cache,
+                v_cache, start_pos, slot=n % 2,
             )  # fmt: skip
             residual = total.view(batch, seq, hidden)
         else:
-            h, residual = self.op(n, "attn_norm", "add_rms_norm", x, residual, w.input_norm, eps, slot=n % 2)
-            qkv = self.op(n, "qkv_proj", "linear", h.view(rows, hidden), w.qkv, w.qkv_bias)
-        heads = qkv.view(batch, seq, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-        q = heads[:, :, : c.num_heads]
-        k = heads[:, :, c.num_heads : c.num_heads + c.num_kv_heads]
-        v = heads[:, :, c.num_heads + c.num_kv_heads :]
-        k_cache, v_cache = self.k_cache[n], self.v_cache[n]
-        if self.fused:
-            norms = (w.q_norm, w.k_norm) if c.qk_norm else (None, None)
-            q = self.op(
-                n,
-                "rope_kv_store",
-                "rope_kv_store",
-                q,
-                k,
-                v,
-                cos,
-                sin,
-                k_cache,
-                v_cache,
-                start_pos,
-                *norms,
-                eps,
-            )
-        else:
-            if c.qk_norm:
-                q = self.op(n, "q_norm", "rms_norm", q, w.q_norm, eps)
-                k = self.op(n, "k_norm", "rms_norm", k, w.k_norm, eps)
-            q = self.op(n, "q_rope", "apply_rope", q, cos, sin)
-            k = self.op(n, "k_rope", "apply_rope", k, cos, sin)
-            self.op(n, "kv_store", "kv_cache_store", k_cache, v_cache, k, v, start_pos)
+            qkv, residual = self._qkv(n, x, residual)
+            q = self._rope_kv_store(n, qkv, cos, sin, start_pos)
         a = self.op(n, "attention", "attention", q, k_cache, v_cache, seq_lens, self.scale)
         o = self.op(n, "o_proj", "linear", a.reshape(rows, c.q_size), w.o_proj, None)
         inter = c.intermediate_size
@@ -257,6 +253,51 @@ class Decoder:
             act = self.op(n, "silu_mul", "silu_mul", gate_up[:, :inter], gate_up[:, inter:])
         down = self.op(n, "down_proj", "linear", act, w.down, None)
         return down.view(batch, seq, hidden), residual
+
+    def _qkv(
+        self, n: int, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input norm and the QKV projection: ``(qkv [B * S, (Hq + 2 Hkv) * D], residual)``."""
+        c, w = self.config, self.weights.layers[n]
+        batch, seq, hidden = x.shape
+        rows, eps = batch * seq, c.rms_norm_eps
+        if residual is None:
+            h, residual = self.op(n, "attn_norm", "rms_norm", x, w.input_norm, eps), x
+            return self.op(n, "qkv_proj", "linear", h.view(rows, hidden), w.qkv, w.qkv_bias), residual
+        if self.fused:
+            qkv, total = self.op(
+                n, "qkv_proj", "add_rms_norm_linear", x.view(rows, hidden), residual.view(rows, hidden),
+                w.input_norm, eps, w.qkv, w.qkv_bias, slot=n % 2,
+            )  # fmt: skip
+            return qkv, total.view(batch, seq, hidden)
+        h, residual = self.op(n, "attn_norm", "add_rms_norm", x, residual, w.input_norm, eps, slot=n % 2)
+        return self.op(n, "qkv_proj", "linear", h.view(rows, hidden), w.qkv, w.qkv_bias), residual
+
+    def _rope_kv_store(
+        self, n: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: torch.Tensor
+    ) -> torch.Tensor:
+        """qk-norm (qwen3), RoPE and the cache write on the QKV output; returns the rotated q."""
+        c, w = self.config, self.weights.layers[n]
+        batch, seq = cos.shape[:2]
+        eps = c.rms_norm_eps
+        heads = qkv.view(batch, seq, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        q = heads[:, :, : c.num_heads]
+        k = heads[:, :, c.num_heads : c.num_heads + c.num_kv_heads]
+        v = heads[:, :, c.num_heads + c.num_kv_heads :]
+        k_cache, v_cache = self.k_cache[n], self.v_cache[n]
+        if self.fused:
+            norms = (w.q_norm, w.k_norm) if c.qk_norm else (None, None)
+            return self.op(
+                n, "rope_kv_store", "rope_kv_store", q, k, v, cos, sin, k_cache, v_cache, start_pos,
+                *norms, eps,
+            )  # fmt: skip
+        if c.qk_norm:
+            q = self.op(n, "q_norm", "rms_norm", q, w.q_norm, eps)
+            k = self.op(n, "k_norm", "rms_norm", k, w.k_norm, eps)
+        q = self.op(n, "q_rope", "apply_rope", q, cos, sin)
+        k = self.op(n, "k_rope", "apply_rope", k, cos, sin)
+        self.op(n, "kv_store", "kv_cache_store", k_cache, v_cache, k, v, start_pos)
+        return q
 
     def forward(
         self,

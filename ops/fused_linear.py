@@ -11,6 +11,10 @@ Graph, so two of them are folded into the GEMM that consumes their output:
   SwiGLU gate in its epilogue: each program streams the gate and up rows of its outputs and
   stores ``silu(gate) * up``, so the down projection after it reads half the width and no
   program of it recomputes the activation.
+* ``add_rms_norm_linear_rope_kv_store``: the same norm prologue on the QKV gemv, and RoPE plus
+  the KV cache write in its epilogue (``rope_kv_store`` without qk-norm): each program streams
+  the two weight rows of each rotation pair (d and d + D/2 of a head), so it holds both values
+  it rotates, and stores q into the output and k and v into the caches.
 
 Each fused value is rounded to the input dtype exactly where the unfused op would round its
 output, so the result is the unfused composition's, up to fp32 summation order. Past the
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ops import elementwise, gemm, norm, scratch, validate
+from ops import elementwise, gemm, norm, rope_kv_store, scratch, validate
 
 
 def _intermediate(
@@ -51,7 +55,7 @@ def _project(
     config: gemm.GemmConfig,
     y: torch.Tensor,
     prologue: gemm.Prologue,
-    epilogue: str = "none",
+    epilogue: str | gemm.RopeArgs = "none",
 ) -> None:
     m, n = x.shape[0], weight.shape[0]
     partials = gemm.workspace(config.split_k, m, n, x.device) if config.split_k > 1 else None
@@ -143,3 +147,61 @@ def add_rms_norm_linear_silu_mul(
     # the epilogue needs whole sums: no split-K
     _project(x, weight, None, config.replace(split_k=1), y, prologue, "silu_mul")
     return y, total
+
+
+def add_rms_norm_linear_rope_kv_store(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start_pos: torch.Tensor,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rope_kv_store(q, k, v, cos, sin, k_cache, v_cache, start_pos), x + residual)`` for
+    ``[q | k | v] = linear(rms_norm(x + residual, norm_weight, eps), weight, bias)``.
+
+    ``x``, ``residual``: ``[B * S, K]`` (any row stride), the tokens of ``cos``/``sin``
+    ``[B, S, rotary_dim / 2]``; ``weight``: ``[(Hq + 2 Hkv) * D, K]``, the q heads' rows, then
+    k's, then v's (the model's fused QKV weight), D and Hkv those of the caches ``[B, L, Hkv, D]``.
+    The caches are written in place (rows ``start_pos[b] + s`` inside ``0 .. L - 1``); the first
+    output is q, rotated, ``[B, S, Hq, D]``.
+    """
+    m, n, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
+    _check_norm_operands(x, residual, norm_weight, eps, k)
+    gemm.check_bias(bias, n, x)
+    validate.tensor("cos", cos, ndim=3, dtypes=(torch.float32,))
+    validate.tensor("k_cache", k_cache, ndim=4)
+    batch, seq = cos.shape[:2]
+    if batch * seq != m:
+        raise ValueError(
+            f"cos: expected [B, S, rotary_dim / 2] with B * S = {m} (the rows of x), got {tuple(cos.shape)}"
+        )
+    kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
+    q_heads = n // dim - 2 * kv_heads if dim else 0
+    if dim == 0 or n % dim or q_heads < 1:
+        raise ValueError(
+            f"weight: expected (Hq + 2 * {kv_heads}) * {dim} rows (q, k and v heads of k_cache's "
+            f"head_dim and kv heads, Hq >= 1), got shape {tuple(weight.shape)}"
+        )
+    rope_kv_store.check_cos_sin_caches(cos, sin, k_cache, v_cache, start_pos, batch, seq, dim, x)
+    total = validate.output(out[1] if out is not None else None, tuple(x.shape), x.dtype, x, "out[1]")
+    q = validate.output(out[0] if out is not None else None, (batch, seq, q_heads, dim), x.dtype, x, "out[0]")
+    config = _fused_config(m, n, k)
+    if config is None or 2 * cos.shape[2] != dim:  # partial rotary: other rows pair up
+        qkv = _intermediate((m, n), x, "fused qkv")
+        add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, out=(qkv, total))
+        heads = qkv.view(batch, seq, q_heads + 2 * kv_heads, dim)
+        k, v = heads[:, :, q_heads : q_heads + kv_heads], heads[:, :, q_heads + kv_heads :]
+        rope_kv_store.rope_kv_store(heads[:, :, :q_heads], k, v, cos, sin, k_cache, v_cache, start_pos, out=q)
+        return q, total
+    prologue = gemm.Prologue("add_rms_norm", residual, norm_weight, eps, total)
+    rope = gemm.RopeArgs.of(cos, sin, k_cache, v_cache, start_pos, q_heads)
+    _project(x, weight, bias, config.replace(split_k=1), q.view(m, q_heads * dim), prologue, rope)
+    return q, total

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -192,6 +193,54 @@ def _gemv_prologue(
 
 
 @triton.jit
+def _rope_kv_store_epilogue(
+    acc, offs_m, pairs, M, N, q_ptr, rope,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """``rope_kv_store`` (no qk-norm) on the QKV gemv's sums: pair p holds rows d and d + HEAD_DIM/2
+    of head p // (HEAD_DIM/2), each sum rounded as ``linear`` rounds it; q and k pairs are rotated
+    by token m's (cos, sin) of d as ``ops.rope`` rotates, in fp32 and rounded once; q goes to row m
+    of ``q_ptr`` ``[M, HQ * HEAD_DIM]``, k and v to cache row ``start_pos[b] + s`` (token
+    m = b * S + s) when it lies in ``0 .. L - 1``."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dtype = q_ptr.dtype.element_ty
+    x1, x2 = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+    x1 = x1.to(dtype).to(tl.float32)
+    x2 = x2.to(dtype).to(tl.float32)
+    head = pairs // HALF
+    d = pairs % HALF
+    m_ok = offs_m < M
+    b = (offs_m // rope.seq).to(tl.int64)
+    s = (offs_m % rope.seq).to(tl.int64)
+    ok = m_ok[:, None] & (pairs[None, :] < N)
+    cos_offs = b[:, None] * rope.cos_stride_b + s[:, None] * rope.cos_stride_s + d[None, :]
+    sin_offs = b[:, None] * rope.sin_stride_b + s[:, None] * rope.sin_stride_s + d[None, :]
+    c = tl.load(rope.cos + cos_offs, mask=ok, other=0.0)
+    sn = tl.load(rope.sin + sin_offs, mask=ok, other=0.0)
+    rotated = (head < rope.q_heads + rope.kv_heads)[None, :]  # q and k heads; v heads pass through
+    y1 = tl.where(rotated, x1 * c - x2 * sn, x1).to(dtype)
+    y2 = tl.where(rotated, x2 * c + x1 * sn, x2).to(dtype)
+
+    is_q = ok & (head < rope.q_heads)[None, :]
+    q_offs = offs_m[:, None].to(tl.int64) * (rope.q_heads * HEAD_DIM) + head[None, :] * HEAD_DIM + d[None, :]
+    tl.store(q_ptr + q_offs, y1, mask=is_q)
+    tl.store(q_ptr + q_offs + HALF, y2, mask=is_q)
+
+    row = tl.load(rope.start_pos + b, mask=m_ok, other=0).to(tl.int64) + s
+    in_cache = ok & ((row >= 0) & (row < rope.capacity))[:, None]
+    kv_head = head - rope.q_heads
+    is_v = kv_head >= rope.kv_heads
+    kv_head = tl.where(is_v, kv_head - rope.kv_heads, kv_head)
+    kv_offs = ((b * rope.capacity + row)[:, None] * rope.kv_heads + kv_head[None, :]) * HEAD_DIM + d[None, :]
+    is_k = in_cache & ((kv_head >= 0) & ~is_v)[None, :]
+    is_v = in_cache & is_v[None, :]
+    tl.store(rope.k_cache + kv_offs, y1, mask=is_k)
+    tl.store(rope.k_cache + kv_offs + HALF, y2, mask=is_k)
+    tl.store(rope.v_cache + kv_offs, y1, mask=is_v)
+    tl.store(rope.v_cache + kv_offs + HALF, y2, mask=is_v)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -213,6 +262,7 @@ def _gemv_kernel(
     stride_wk,
     stride_os,
     stride_om,
+    rope,  # the "rope_kv_store" epilogue's operands (a RopeArgs), else unused placeholders
     HAS_BIAS: tl.constexpr,
     PROLOGUE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -224,6 +274,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr = False,
     NORM_BLOCK: tl.constexpr = 1024,
     EPILOGUE: tl.constexpr = "none",
+    HEAD_DIM: tl.constexpr = 2,
 ):
     """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split.
 
@@ -234,6 +285,11 @@ def _gemv_kernel(
     ``EPILOGUE="silu_mul"`` (no split, no bias): the weight has 2N rows, gate rows then up rows;
     a program streams the gate and up rows of BLOCK_N / 2 outputs, interleaved, rounds both sums
     to the output dtype as ``linear`` would, and stores silu(gate) * up.
+    ``EPILOGUE="rope_kv_store"`` (no split): the weight is a QKV weight of 2N rows, q heads then k
+    heads then v heads of HEAD_DIM rows each; a program streams BLOCK_N / 2 rotation pairs (rows
+    d and d + HEAD_DIM / 2 of a head, interleaved), rounds the sums as ``linear`` would, rotates
+    the q and k pairs and stores q into ``out`` and k and v into the caches
+    (``_rope_kv_store_epilogue``).
     """
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -243,6 +299,11 @@ def _gemv_kernel(
     if EPILOGUE == "silu_mul":  # weight row 2i feeds gate i, row 2i + 1 up i
         offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
         cols = ((offs_n % N) + (tl.arange(0, BLOCK_N) % 2) * N).to(tl.int64)
+    elif EPILOGUE == "rope_kv_store":  # pair p: rows d and d + HEAD_DIM / 2 of head p // (HEAD_DIM / 2)
+        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        pair = offs_n % N
+        row = (pair // (HEAD_DIM // 2)) * HEAD_DIM + pair % (HEAD_DIM // 2)
+        cols = (row + (tl.arange(0, BLOCK_N) % 2) * (HEAD_DIM // 2)).to(tl.int64)
     else:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = (offs_n % N).to(tl.int64)
@@ -301,8 +362,14 @@ def _gemv_kernel(
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=2)
 
-    if HAS_BIAS:
+    if HAS_BIAS and EPILOGUE == "rope_kv_store":  # lane i holds weight row cols[i]
+        acc += tl.load(b_ptr + cols).to(tl.float32)[None, :]
+    elif HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if EPILOGUE == "rope_kv_store":
+        pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        _rope_kv_store_epilogue(acc, offs_m, pairs, M, N, out_ptr, rope, HEAD_DIM, BLOCK_M, BLOCK_N)
+        return
     if EPILOGUE == "silu_mul":  # silu_mul's math on the two sums, each rounded as linear's output
         gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
         gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -546,6 +613,45 @@ class Prologue:
     total: torch.Tensor | None = None
 
 
+class RopeArgs(NamedTuple):
+    """The ``"rope_kv_store"`` epilogue's operands, passed to the kernel as one tuple argument:
+    cos, sin ``[B, S, HEAD_DIM / 2]`` fp32, the caches ``[B, capacity, kv_heads, HEAD_DIM]``
+    (contiguous), start_pos int32 ``[B]``; the GEMM's rows are the ``B * S`` tokens."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    start_pos: torch.Tensor
+    cos_stride_b: int
+    cos_stride_s: int
+    sin_stride_b: int
+    sin_stride_s: int
+    seq: int
+    capacity: int
+    q_heads: int
+    kv_heads: int
+
+    @staticmethod
+    def of(
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        start_pos: torch.Tensor,
+        q_heads: int,
+    ) -> RopeArgs:
+        return RopeArgs(
+            cos, sin, k_cache, v_cache, start_pos, cos.stride(0), cos.stride(1), sin.stride(0),
+            sin.stride(1), cos.shape[1], k_cache.shape[1], q_heads, k_cache.shape[2],
+        )  # fmt: skip
+
+
+def _no_rope(x: torch.Tensor) -> RopeArgs:
+    """The kernel's ``rope`` argument where the epilogue is not RoPE: placeholders, never read."""
+    return RopeArgs(x, x, x, x, x, 0, 0, 0, 0, 1, 1, 1, 1)
+
+
 def workspace(split: int, m: int, n: int, device: torch.device) -> torch.Tensor:
     """linear's split-K partials when the caller passes none (see ``ops.scratch``)."""
     return scratch.cached(
@@ -624,13 +730,18 @@ def run(
     y: torch.Tensor,
     partials: torch.Tensor | None,
     prologue: Prologue | None = None,
-    epilogue: str = "none",
+    epilogue: str | RopeArgs = "none",
 ) -> torch.Tensor:
     """Launch on checked arguments: straight into ``y``, or into ``partials`` and then the reduce.
 
-    ``epilogue="silu_mul"``: ``y = silu(gate) * up`` for ``[gate | up] = x @ weight.T`` (weight
-    ``[2N, K]``, ``y`` ``[M, N]``), gemv configs without split-K only.
+    Epilogues, on gemv configs without split-K only: ``"silu_mul"``: ``y = silu(gate) * up``
+    for ``[gate | up] = x @ weight.T`` (weight ``[2N, K]``, ``y`` ``[M, N]``, no bias). A
+    ``RopeArgs``: ``rope_kv_store`` (no qk-norm) of ``[q | k | v] = x @ weight.T + bias`` (weight
+    ``[(Hq + 2 Hkv) D, K]``), rotated q into ``y`` ``[M, Hq D]``, k and v into the caches.
     """
+    rope = epilogue if isinstance(epilogue, RopeArgs) else None
+    if rope is not None:
+        epilogue = "rope_kv_store"
     (m, k), n = x.shape, weight.shape[0]
     if m == 0 or n == 0:
         return y
@@ -638,13 +749,15 @@ def run(
         return y.copy_(bias.expand(m, n)) if bias is not None else y.zero_()
     if config.kernel == "gemv" and m > GEMV_MAX_M:
         raise ValueError(f"config: the gemv kernel takes M <= {GEMV_MAX_M}, got M={m}")
-    if epilogue != "none" and (config.kernel != "gemv" or partials is not None or bias is not None):
-        raise ValueError(f"config {config.describe()!r}: an epilogue needs a gemv without split-K or bias")
+    if epilogue != "none" and (config.kernel != "gemv" or partials is not None):
+        raise ValueError(f"config {config.describe()!r}: an epilogue needs a gemv without split-K")
+    if epilogue == "silu_mul" and bias is not None:
+        raise ValueError("bias: the silu_mul epilogue takes none")
     split = partials.shape[0] if partials is not None else 1
     # Blocks no larger than the problem (tl.dot needs >= 16 in every dim).
     block_n = max(16 if config.kernel == "tiled" else 1, min(config.block_n, triton.next_power_of_2(n)))
     outputs_per_program = block_n
-    if epilogue == "silu_mul":  # the weight rows of block_n / 2 outputs, gate and up of each
+    if epilogue != "none":  # block_n / 2 outputs or rotation pairs, two weight rows each
         block_n, n = max(2, block_n), n // 2
         outputs_per_program = block_n // 2
     block_k = max(16, min(config.block_k, triton.next_power_of_2(triton.cdiv(k, split))))
@@ -679,12 +792,14 @@ def run(
             weight.stride(0),
             weight.stride(1),
             *out_strides,
+            rope or _no_rope(x),
             HAS_BIAS=fused_bias,
             PROLOGUE=p.kind,
             ONE_STEP=split == 1 and k <= block_k,
             EVEN_K=k % block_k == 0,
             NORM_BLOCK=min(triton.next_power_of_2(k), MAX_NORM_BLOCK),
             EPILOGUE=epilogue,
+            HEAD_DIM=rope.k_cache.shape[3] if rope is not None else 2,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             BLOCK_K=block_k,

@@ -120,11 +120,6 @@ def rope_kv_store(
     validate.tensor("q", q, ndim=4)
     validate.tensor("k", k, ndim=4)
     validate.tensor("v", v, ndim=4)
-    validate.tensor("cos", cos, ndim=3, dtypes=(torch.float32,))
-    validate.tensor("sin", sin, ndim=3, dtypes=(torch.float32,))
-    validate.tensor("k_cache", k_cache, ndim=4)
-    validate.tensor("v_cache", v_cache, ndim=4)
-    validate.tensor("start_pos", start_pos, ndim=1, dtypes=(torch.int32,))
     if (q_norm is None) != (k_norm is None):
         given, missing = ("q_norm", "k_norm") if k_norm is None else ("k_norm", "q_norm")
         raise ValueError(
@@ -134,16 +129,12 @@ def rope_kv_store(
         validate.tensor("q_norm", q_norm, ndim=1)
         validate.tensor("k_norm", k_norm, ndim=1)
     validate.positive("eps", eps)
-
     batch, seq, q_heads, dim = q.shape
-    validate.contiguous("k_cache", k_cache)
-    validate.contiguous("v_cache", v_cache)
+    check_cos_sin_caches(cos, sin, k_cache, v_cache, start_pos, batch, seq, dim, q)
     capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    validate.shape("k_cache", k_cache, (batch, capacity, kv_heads, dim), "[B, L, Hkv, D] matching q")
-    validate.shape("v_cache", v_cache, k_cache.shape, "the shape of k_cache")
     validate.shape("k", k, (batch, seq, kv_heads, dim), "[B, S, Hkv, D] matching q and k_cache")
     validate.shape("v", v, k.shape, "the shape of k")
-    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, t in (("k", k), ("v", v)):
         validate.same_dtype(name, t, "q", q)
     if q_norm is not None:
         validate.shape("q_norm", q_norm, (dim,), "the head_dim of q")
@@ -151,13 +142,6 @@ def rope_kv_store(
         validate.same_dtype("q_norm", q_norm, "q", q)
         validate.same_dtype("k_norm", k_norm, "q", q)
     half = cos.shape[-1]
-    validate.shape("cos", cos, (batch, seq, half), "[B, S, rotary_dim / 2] matching q")
-    validate.shape("sin", sin, cos.shape, "the shape of cos")
-    if not 0 < 2 * half <= dim:
-        raise ValueError(f"cos: rotary_dim {2 * half} must be in 1..head_dim ({dim}) of q")
-    validate.shape("start_pos", start_pos, (batch,), "one start row per batch entry")
-    if seq > capacity:
-        raise ValueError(f"k: {seq} new tokens do not fit k_cache of capacity {capacity}")
     result = validate.output(out, q.shape, q.dtype, q)
     if batch * seq * (q_heads + kv_heads) == 0:
         return result
@@ -202,3 +186,39 @@ def rope_kv_store(
         **pdl.launch_options(),
     )
     return result
+
+
+def check_cos_sin_caches(
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start_pos: torch.Tensor,
+    batch: int,
+    seq: int,
+    dim: int,
+    q: torch.Tensor,
+) -> None:
+    """The rotation tables, caches and start rows for ``batch * seq`` new tokens of head_dim
+    ``dim`` (q in ``q``'s dtype): what ``rope_kv_store`` and the QKV projection with it in its
+    epilogue (``ops.fused_linear``) both take."""
+    validate.tensor("cos", cos, ndim=3, dtypes=(torch.float32,))
+    validate.tensor("sin", sin, ndim=3, dtypes=(torch.float32,))
+    validate.tensor("k_cache", k_cache, ndim=4)
+    validate.tensor("v_cache", v_cache, ndim=4)
+    validate.tensor("start_pos", start_pos, ndim=1, dtypes=(torch.int32,))
+    validate.contiguous("k_cache", k_cache)
+    validate.contiguous("v_cache", v_cache)
+    capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    validate.shape("k_cache", k_cache, (batch, capacity, kv_heads, dim), "[B, L, Hkv, D] matching q")
+    validate.shape("v_cache", v_cache, k_cache.shape, "the shape of k_cache")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        validate.same_dtype(name, t, "q", q)
+    half = cos.shape[-1]
+    validate.shape("cos", cos, (batch, seq, half), "[B, S, rotary_dim / 2] matching q")
+    validate.shape("sin", sin, cos.shape, "the shape of cos")
+    if not 0 < 2 * half <= dim:
+        raise ValueError(f"cos: rotary_dim {2 * half} must be in 1..head_dim ({dim}) of q")
+    validate.shape("start_pos", start_pos, (batch,), "one start row per batch entry")
+    if seq > capacity:
+        raise ValueError(f"k: {seq} new tokens do not fit k_cache of capacity {capacity}")

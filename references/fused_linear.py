@@ -15,6 +15,7 @@ from references.elementwise import add, silu_mul
 from references.gemm import linear
 from references.norm import rms_norm
 from references.precision import rounded
+from references.rope_kv_store import rope_kv_store
 
 
 def add_rms_norm_linear(
@@ -37,3 +38,25 @@ def add_rms_norm_linear_silu_mul(
     gate_up = rounded(gate_up, x.dtype)
     n = weight.shape[0] // 2
     return silu_mul(gate_up[:, :n], gate_up[:, n:]), total
+
+
+def add_rms_norm_linear_rope_kv_store(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start_pos: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    qkv, total = add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+    batch, seq = cos.shape[:2]
+    kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
+    heads = rounded(qkv, x.dtype).reshape(batch, seq, -1, dim)
+    q_heads = heads.shape[2] - 2 * kv_heads
+    k, v = heads[:, :, q_heads : q_heads + kv_heads], heads[:, :, q_heads + kv_heads :]
+    return rope_kv_store(heads[:, :, :q_heads], k, v, cos, sin, k_cache, v_cache, start_pos), total

@@ -34,6 +34,7 @@ import torch
 import triton
 from triton import knobs
 from triton._C.libtriton import native_specialize_impl
+from triton._utils import find_paths_if, get_iterable_path
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
@@ -61,20 +62,24 @@ class Recorder:
         bound = dict(zip(k.arg_names, args, strict=False)) | {
             n: v for n, v in kwargs.items() if n in k.arg_names
         }
-        signature, constexprs, attrs = {}, {}, {}
-        for i, param in enumerate(k.params):
+        # as triton.runtime.jit's _pack_args: tuple arguments nest, so constexprs and attributes
+        # are keyed by paths into the argument list
+        values, kinds, keys = [], [], []
+        for param in k.params:
             value = bound.get(param.name, param.default)
+            values.append(value)
             if param.is_constexpr:
-                signature[param.name], constexprs[(i,)] = "constexpr", value
+                kinds.append("constexpr")
+                keys.append(value)
                 continue
             specialize, align = not param.do_not_specialize, not param.do_not_specialize_on_alignment
             kind, key = native_specialize_impl(BaseBackend, value, False, specialize, align)
-            if kind == "constexpr":  # an int specialized to 1
-                signature[param.name], constexprs[(i,)] = "constexpr", key
-            else:
-                signature[param.name] = kind
-                if key == "D":
-                    attrs[(i,)] = [["tt.divisibility", 16]]
+            kinds.append(kind)
+            keys.append(key)
+        signature = {param.name: kind for param, kind in zip(k.params, kinds, strict=True)}
+        constexpr_paths = find_paths_if(kinds, lambda _, v: v == "constexpr")
+        constexprs = {path: get_iterable_path(values, path) for path in constexpr_paths}
+        attrs = {path: [["tt.divisibility", 16]] for path in find_paths_if(keys, lambda _, v: v == "D")}
         options = {n: kwargs[n] for n in ("num_warps", "num_stages") if n in kwargs}
         key = repr((self.name, sorted(signature.items()), sorted(constexprs.items()), sorted(attrs), options))
         if key in self.results:
@@ -84,7 +89,7 @@ class Recorder:
         entry = {
             "kernel": f"{self.module}.{self.name}",
             "launches": {self.label: math.prod(self.grid)},  # what launched it: its program count
-            "constexprs": {k.arg_names[i]: v for (i,), v in constexprs.items() if i in declared},
+            "constexprs": {k.arg_names[path[0]]: v for path, v in constexprs.items() if path[0] in declared},
         }
         try:
             source = ASTSource(fn=k, signature=signature, constexprs=constexprs, attrs=attrs)
@@ -151,6 +156,7 @@ def install_recorders(results: dict) -> list[Recorder]:
 
 def run_ops(recorders: list[Recorder]) -> None:
     import registry
+    from model.config import PRESETS
     from ops import attention, fused_linear, gemm
     from verify.strategies.gemm import MODEL_PROJECTIONS
 
@@ -171,6 +177,16 @@ def run_ops(recorders: list[Recorder]) -> None:
             norm = torch.empty(k, dtype=x.dtype)
             if proj.name == "qkv_proj":  # residual add + RMSNorm in the prologue
                 fused_linear.add_rms_norm_linear(x, torch.empty_like(x), norm, 1e-6, w, bias)
+                cfg = PRESETS[preset]
+                if not cfg.qk_norm:  # and RoPE + the cache write in the epilogue
+                    label(f"{preset} decode {proj.name} + rope_kv_store")
+                    cache = torch.empty(1, 4096, cfg.num_kv_heads, cfg.head_dim, dtype=torch.bfloat16)
+                    cos = torch.empty(1, 1, cfg.head_dim // 2)
+                    start = torch.zeros(1, dtype=torch.int32)
+                    fused_linear.add_rms_norm_linear_rope_kv_store(
+                        x, torch.empty_like(x), norm, 1e-6, w, bias, cos, cos, cache, cache, start
+                    )
+                    label(f"{preset} decode {proj.name}")
             if proj.name == "gate_up_proj":  # and the SwiGLU gate in the epilogue
                 fused_linear.add_rms_norm_linear_silu_mul(x, torch.empty_like(x), norm, 1e-6, w)
             if proj.name != "gate_up_proj":  # plain: layer 0's qkv_proj, o_proj, down_proj, lm_head

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import registry
 from ops import backend, fused_linear, gemm, scratch
 from ops.gemm import GemmConfig
+from ops.rope_kv_store import rope_kv_store
 from verify import limits
 from verify.bench.model import gemm_overrides
 from verify.compare import check
@@ -100,3 +101,88 @@ def test_swiglu_epilogue_refuses_what_cannot_take_it() -> None:
             gemm.run(x, w, None, config, y, parts, epilogue="silu_mul")
     with pytest.raises(ValueError, match="even number of rows"):
         fused_linear.add_rms_norm_linear_silu_mul(x, x, torch.ones(64, device=DEVICE), 1e-6, w[:7])
+
+
+ROPE_OP = "add_rms_norm_linear_rope_kv_store"
+ROPE_SHAPES = [  # b, s, (kv heads, q heads per kv head, head_dim), K, dtype, bias
+    (1, 1, (2, 2, 16), 129, "bfloat16", True),
+    (2, 2, (1, 3, 34), 128, "float16", False),  # M = 4; 17 pairs a head, so programs straddle heads
+    (3, 1, (2, 1, 2), 100, "float32", True),  # one pair a head
+]
+
+
+def _rope_params(b: int, s: int, heads: tuple[int, int, int], k: int, dtype: str, bias: bool) -> dict:
+    kv_heads, group, head_dim = heads
+    spec = registry.get(ROPE_OP)
+    shape = {"b": b, "m": s, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "k": k}
+    return {**spec.typical, **shape, "dtype": dtype, "bias": bias, "starts": "overflow"}
+
+
+def _rope_table_key(params: dict) -> tuple[int, int, int]:
+    rows = params["kv_heads"] * (params["group"] + 2) * params["head_dim"]
+    return gemm.m_bucket(params["b"] * params["m"]), rows, params["k"]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=GemmConfig.describe)
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=lambda s: f"B{s[0]}-S{s[1]}-heads{s[2]}-K{s[3]}-{s[4]}")
+def test_rope_epilogue_on_every_gemv_path(
+    monkeypatch: pytest.MonkeyPatch, config: GemmConfig, shape: tuple
+) -> None:
+    """RoPE and the cache write in the QKV gemv's epilogue (split-K configs run unsplit), rows past
+    the cache capacity dropped."""
+    params = _rope_params(*shape)
+    monkeypatch.setitem(gemm.CONFIGS, _rope_table_key(params), config)
+    spec = registry.get(ROPE_OP)
+    result = check(spec, spec.build(params, DEVICE))
+    assert result.passed, result.describe()
+
+
+def test_rope_epilogue_equals_the_two_ops_it_fuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bit for bit what ``add_rms_norm_linear`` then ``rope_kv_store`` compute on the same config:
+    the pairing, the bias per row and the cache rows are exact, not merely within tolerance."""
+    params = _rope_params(2, 1, (2, 3, 16), 129, "bfloat16", True)
+    monkeypatch.setitem(gemm.CONFIGS, _rope_table_key(params), GemmConfig("gemv", 1, 4, 64, num_stages=2))
+    case = registry.get(ROPE_OP).build(params, DEVICE)
+    x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, start_pos = case.args
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    q, total = fused_linear.add_rms_norm_linear_rope_kv_store(
+        x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, start_pos
+    )
+    qkv, total_want = fused_linear.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+    heads = qkv.view(2, 1, 2 * 3 + 4, 16)
+    q_want = rope_kv_store(
+        heads[:, :, :6], heads[:, :, 6:8], heads[:, :, 8:], cos, sin, k_want, v_want, start_pos
+    )
+    for got, want in ((q, q_want), (total, total_want), (k_cache, k_want), (v_cache, v_want)):
+        assert torch.equal(got, want)
+
+
+@given(data=st.data())
+def test_rope_epilogue_on_drawn_cases(data: st.DataObject) -> None:
+    """The strategy's heads, dtypes and layouts on the fused gemv (M <= 4, full rotary), one K step."""
+    spec = registry.get(ROPE_OP)
+    params = data.draw(spec.params(limits.current()), label="params")
+    params = {
+        **params,
+        "b": data.draw(st.integers(1, 2)),
+        "m": data.draw(st.integers(1, 2)),
+        "rotary": "full",
+    }
+    block_k = max(16, triton.next_power_of_2(params["k"]))
+    config = GemmConfig("gemv", 1, data.draw(st.sampled_from([1, 2, 4, 16])), block_k, num_stages=1)
+    with gemm_overrides({_rope_table_key(params): config}):
+        result = check(spec, spec.build(params, DEVICE))
+    assert result.passed, f"{config.describe()}: {result.describe()}"
+
+
+def test_rope_epilogue_refuses_a_weight_that_is_not_whole_heads() -> None:
+    x = torch.randn(1, 32, device=DEVICE)
+    cos = torch.ones(1, 1, 8, device=DEVICE)
+    caches = [torch.zeros(1, 4, 1, 16, device=DEVICE) for _ in range(2)]
+    start = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for rows in (47, 32):  # not a multiple of D; no room for a q head beside k and v
+        with pytest.raises(ValueError, match="weight: expected"):
+            fused_linear.add_rms_norm_linear_rope_kv_store(
+                x, x, torch.ones(32, device=DEVICE), 1e-6, torch.randn(rows, 32, device=DEVICE), None,
+                cos, cos, *caches, start,
+            )  # fmt: skip

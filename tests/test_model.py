@@ -36,9 +36,11 @@ def test_triton_prefill_logits_match_reference(family: str) -> None:
     assert rel < 1e-2, f"relative L2 {rel:.3g}"
 
 
-def test_runner_decode_equals_eager_decode_bitwise() -> None:
-    """The static-buffer step (a CUDA Graph on GPU) computes exactly what the eager step computes."""
-    _, tri = _models()
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_runner_decode_equals_eager_decode_bitwise(family: str) -> None:
+    """The static-buffer step (a CUDA Graph on GPU) computes exactly what the eager step computes
+    (qwen2: the QKV projection with RoPE and the cache write in its epilogue)."""
+    _, tri = _models(family)
     ids = torch.randint(0, 120, (1, 6), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     eager = generate(tri, ids, 6)
     position = torch.full((1,), 10, dtype=torch.int32, device=DEVICE)
@@ -176,3 +178,16 @@ def test_dependent_launch_is_off_on_the_interpreter() -> None:
         assert pdl.launch_options() == {"PDL": False}
     else:
         assert pdl.launch_options()["PDL"] == pdl.enabled()
+
+
+def test_layers_call_the_fused_qkv_op_their_config_allows() -> None:
+    """Without qk-norm, layers from 1 on run norm + QKV + RoPE + cache write as one op; an
+    injection where the op is not called is refused, not silently never run."""
+    _, qwen2 = _models("qwen2")
+    _, qwen3 = _models("qwen3")
+    assert qwen2.layer_ops(1)[0] == "add_rms_norm_linear_rope_kv_store"
+    assert qwen2.layer_ops(0)[:3] == ("rms_norm", "linear", "rope_kv_store")
+    assert qwen3.layer_ops(1)[:2] == ("add_rms_norm_linear", "rope_kv_store")
+    with pytest.raises(ValueError, match="rope_kv_store is not called in layer 1"):
+        qwen2.inject("rope_kv_store", lambda *args: None, [0, 1])
+    qwen3.inject("rope_kv_store", lambda *args: None, [0, 1])

@@ -58,8 +58,16 @@ def parse_injection(text: str) -> Injection:
 
 
 def apply_injections(model: Decoder, injections: list[Injection]) -> None:
+    """``@all`` means every layer that calls the op (layer 0 has no fused norm + QKV, say)."""
     for inj in injections:
-        layers = list(range(model.config.num_layers)) if inj.layers is None else list(inj.layers)
+        if inj.layers is None:
+            layers = [n for n in range(model.config.num_layers) if inj.op in model.layer_ops(n)]
+            if not layers:
+                raise UsageError(
+                    f"--inject {inj.op}: no layer of this decoder calls it; it runs {describe_ops_of(model)}"
+                )
+        else:
+            layers = list(inj.layers)
         bad = [n for n in layers if not 0 <= n < model.config.num_layers]
         if bad:
             raise UsageError(
@@ -70,7 +78,10 @@ def apply_injections(model: Decoder, injections: list[Injection]) -> None:
             impl_loader.check_signature(fn, registry.get(inj.op).reference, inj.op)
         except impl_loader.ImplError as exc:
             raise UsageError(str(exc)) from None
-        model.inject(inj.op, fn, layers)
+        try:
+            model.inject(inj.op, fn, layers)
+        except ValueError as exc:
+            raise UsageError(f"--inject {inj.op}: {exc}") from None
 
 
 def resolve_checkpoint(model: str | None) -> Path:
@@ -131,6 +142,11 @@ def decoder_fused(injections: list[Injection]) -> bool:
 
 
 def describe_ops(models: Models) -> str:
-    if models.triton.fused:
-        return f"fused ops ({', '.join(FUSIONS)})"
+    return describe_ops_of(models.triton)
+
+
+def describe_ops_of(model: Decoder) -> str:
+    if model.fused:
+        called = {op for n in range(model.config.num_layers) for op in model.layer_ops(n)}
+        return f"fused ops ({', '.join(op for op in FUSIONS if op in called)})"
     return "unfused ops (an --inject swaps a part of a fused op)"

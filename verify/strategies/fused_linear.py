@@ -9,10 +9,13 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from references.rope import rope_cos_sin
 from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
+from verify.strategies.kv_cache import _starts
+from verify.strategies.rope import BASES, _rotary_dim
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
 
@@ -196,5 +199,107 @@ ADD_RMS_NORM_LINEAR_SILU_MUL_INVALID = (
     Invalid("norm_weight of the wrong length", "norm_weight", replace("norm_weight", lambda w: w[:-1])),
     Invalid("weight K differs from x's", "weight", replace("weight", lambda w: w[:, :-1])),
     Invalid("weight given as [K, 2N]", "weight", replace("weight", lambda w: w.T.contiguous())),
+    Invalid("3-d x", "x", replace("x", lambda x: x[None])),
+)
+
+
+# ---- add_rms_norm_linear_rope_kv_store: the QKV projection with RoPE and the cache write --------
+
+
+def add_rms_norm_linear_rope_kv_store_params(limits: Limits) -> st.SearchStrategy[dict]:
+    """``m`` is S, the new tokens of each of ``b`` rows (M = B * S, the gemv path up to 4); the
+    weight's rows are ``(Hq + 2 Hkv) * D``; M * N stays within the GEMM strategies' largest."""
+    fields = {
+        **_norm_fields(limits),
+        "m": st.one_of(st.sampled_from([1, 1, 2, 3]), size(limits.seq, AWKWARD)),
+        "b": st.integers(1, limits.batch),
+        "bias": st.booleans(),
+        "kv_heads": st.integers(1, 3),
+        "group": st.integers(1, 4),
+        "head_dim": st.sampled_from((2, 4, 16, 34, 64, 128)),
+        "rotary": st.sampled_from(["full", "full", "half"]),  # half: pairs the epilogue cannot hold
+        "extra_rows": st.integers(0, 6),  # cache rows beyond S
+        "starts": st.sampled_from(["random", "zero", "end", "overflow"]),
+        "base": st.sampled_from(BASES),
+    }
+    del fields["n"]
+
+    def fit(params: dict) -> dict:
+        heads = params["kv_heads"] * (params["group"] + 2)
+        budget = limits.gemm**2 // (heads * params["head_dim"] * params["b"])
+        return {**params, "m": max(1, min(params["m"], budget))}
+
+    return st.fixed_dictionaries(fields).map(fit)
+
+
+def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) -> Case:
+    gen = generator(params, device)
+    b, s, hkv, d = params["b"], params["m"], params["kv_heads"], params["head_dim"]
+    hq, dtype = hkv * params["group"], dtype_of(params)
+    x, residual, norm_weight = _norm_inputs({**params, "m": b * s}, gen, device)
+    n = (hq + 2 * hkv) * d
+    weight = weight_tensor({**params, "n": n}, gen, device)
+    bias = values((n,), dtype, "normal", gen, device) if params["bias"] else None
+    capacity = s + params["extra_rows"]
+    k_cache = values((b, capacity, hkv, d), dtype, "normal", gen, device)
+    v_cache = values((b, capacity, hkv, d), dtype, "normal", gen, device)
+    start_pos = _starts({**params, "s": s, "capacity": capacity}, gen, device)
+    positions = start_pos.long()[:, None] + torch.arange(s, device=device)
+    cos, sin = rope_cos_sin(positions, _rotary_dim(params), params["base"])
+    labels = labels_for(params, B=b, S=s, Hkv=hkv, D=d, K=params["k"])
+    labels += [
+        "fused gemv" if b * s <= 4 and params["rotary"] == "full" else "composed",
+        f"group {params['group']}",
+        f"rotary {params['rotary']}",
+        f"start {params['starts']}",
+        f"weight {params['w_layout']}",
+        f"x {params['x_layout']}",
+        f"residual {params['residual_layout']}",
+        "bias" if params["bias"] else "no bias",
+    ]
+    args = (x, residual, norm_weight, params["eps"], weight, bias, cos, sin, k_cache, v_cache, start_pos)
+    return Case(params, args, labels=tuple(labels))
+
+
+def _qkv_rope_example(
+    name: str, b: int, s: int, heads: tuple[int, int, int], k: int, **extra: object
+) -> dict:
+    """``heads``: (kv heads, q heads per kv head, head_dim)."""
+    example = _norm_example(name, s, 0, k)
+    del example["n"]
+    kv_heads, group, head_dim = heads
+    shape = {"b": b, "kv_heads": kv_heads, "group": group, "head_dim": head_dim}
+    rope = {"rotary": "full", "extra_rows": 5, "starts": "random", "base": 1000000.0}
+    return {**example, **shape, **rope, **extra}
+
+
+ARTICLE_HEADS, QWEN25_HEADS = (2, 4, 128), (2, 7, 64)
+
+ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_EXAMPLES = (
+    _qkv_rope_example(
+        "typical: 2 rows x 1 token, 4 q + 2 kv heads of 16, K=129, bias, residual slice",
+        2, 1, (2, 2, 16), 129, bias=True, residual_layout="column_slice", gpu=False,
+    ),
+    _qkv_rope_example("article decode (8 q + 2 kv heads x 128, K=1024)", 1, 1, ARTICLE_HEADS, 1024),
+    _qkv_rope_example(
+        "qwen2.5-0.5b decode (14 q + 2 kv heads x 64, K=896, bias), last cache row",
+        1, 1, QWEN25_HEADS, 896, bias=True, extra_rows=2047, starts="end",
+    ),
+    _qkv_rope_example(
+        "batch decode 4 rows, rows past capacity dropped", 4, 1, ARTICLE_HEADS, 1024, starts="overflow"
+    ),
+    _qkv_rope_example("prefill 2 x 17 (composed), half rotary", 2, 17, (2, 4, 64), 1024, rotary="half"),
+    _qkv_rope_example("head_dim 34 (17 pairs a head), fp32", 3, 1, (1, 3, 34), 100, dtype="float32",
+                      gpu=False),
+)  # fmt: skip
+
+ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_INVALID = (
+    Invalid("weight rows not heads of D", "weight", replace("weight", lambda w: w[:-1])),
+    Invalid("residual of another shape", "residual", replace("residual", lambda r: r[:, :-1])),
+    Invalid("bias of the wrong length", "bias", replace("bias", lambda b: b[:-1])),
+    Invalid("cos for another token count", "cos", replace("cos", lambda c: c[:, :0])),
+    Invalid("sin of another shape", "sin", replace("sin", lambda c: c[..., :-1])),
+    Invalid("v_cache of another shape", "v_cache", replace("v_cache", lambda c: c[:, :-1])),
+    Invalid("start_pos as int64", "start_pos", replace("start_pos", lambda p: p.long()), TypeError),
     Invalid("3-d x", "x", replace("x", lambda x: x[None])),
 )
