@@ -74,7 +74,6 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     target_programs: int  # aim for about this many (split, batch, kv head) programs
-    min_split_rows: int  # but give no split fewer cache rows than this
 
 
 class DecodeScratch(NamedTuple):
@@ -376,25 +375,19 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
     15.04 us, 32768: 17.14 vs 19.10).
     """
     if backend.is_interpreter():
-        return DecodeConfig(
-            block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count(), min_split_rows=16
-        )
+        return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())
     tile_bytes = 4096 if capacity <= 512 or capacity > 8192 else 8192
     block_n = max(16, tile_bytes // head_dim)
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
-    return DecodeConfig(
-        block_n=block_n, num_warps=4, num_stages=3, target_programs=2 * _sm_count(), min_split_rows=block_n
-    )
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, target_programs=2 * _sm_count())
 
 
 def decode_splits(batch: int, kv_heads: int, capacity: int, config: DecodeConfig) -> tuple[int, int]:
     """``(splits, rows per split)`` for a cache of ``capacity`` rows: a function of shapes only."""
     blocks = max(1, triton.cdiv(capacity, config.block_n))
     wanted = max(1, triton.cdiv(config.target_programs, batch * kv_heads))
-    per_split = max(
-        triton.cdiv(blocks, min(wanted, MAX_SPLITS)), triton.cdiv(config.min_split_rows, config.block_n)
-    )
+    per_split = max(triton.cdiv(blocks, min(wanted, MAX_SPLITS)), 1)
     return triton.cdiv(blocks, per_split), per_split * config.block_n
 
 

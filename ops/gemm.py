@@ -296,17 +296,17 @@ def _gemv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     rows = (offs_m % M).to(tl.int64)
-    if EPILOGUE == "silu_mul":  # weight row 2i feeds gate i, row 2i + 1 up i
-        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
-        cols = ((offs_n % N) + (tl.arange(0, BLOCK_N) % 2) * N).to(tl.int64)
-    elif EPILOGUE == "rope_kv_store":  # pair p: rows d and d + HEAD_DIM / 2 of head p // (HEAD_DIM / 2)
-        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
-        pair = offs_n % N
-        row = (pair // (HEAD_DIM // 2)) * HEAD_DIM + pair % (HEAD_DIM // 2)
-        cols = (row + (tl.arange(0, BLOCK_N) % 2) * (HEAD_DIM // 2)).to(tl.int64)
-    else:
+    if EPILOGUE == "none":
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = (offs_n % N).to(tl.int64)
+    else:  # lanes 2p and 2p + 1 stream the two weight rows of output (or rotation pair) p
+        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        pair = offs_n % N
+        if EPILOGUE == "silu_mul":  # gate row p, up row N + p
+            first, step = pair, N
+        else:  # rows d and d + HEAD_DIM / 2 of head p // (HEAD_DIM / 2)
+            first, step = (pair // (HEAD_DIM // 2)) * HEAD_DIM + pair % (HEAD_DIM // 2), HEAD_DIM // 2
+        cols = (first + (tl.arange(0, BLOCK_N) % 2) * step).to(tl.int64)
     k_start = split * k_per_split
     k_len = min(K - k_start, k_per_split)
     k_base = k_start.to(tl.int64)
@@ -745,6 +745,8 @@ def run(
     (m, k), n = x.shape, weight.shape[0]
     if m == 0 or n == 0:
         return y
+    if k == 0 and rope is not None:  # the epilogue's cache writes would be skipped
+        raise ValueError("weight: the rope_kv_store epilogue needs K >= 1")
     if k == 0:  # an empty sum: the bias alone (silu(0) * 0 = 0)
         return y.copy_(bias.expand(m, n)) if bias is not None else y.zero_()
     if config.kernel == "gemv" and m > GEMV_MAX_M:

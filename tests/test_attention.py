@@ -5,7 +5,6 @@ outside the contract are safe, and (GPU) one captured decode graph replays at ev
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import subprocess
@@ -147,9 +146,7 @@ def test_combine_rescales_across_chunks_of_splits(monkeypatch: pytest.MonkeyPatc
     """The combine kernel's running max over several chunks of splits, the last one partial, and
     rows whose later splits lie past seq_len (neutral partials)."""
     monkeypatch.setattr(ops_attention, "COMBINE_CHUNK", 2)
-    config = ops_attention.DecodeConfig(
-        block_n=16, num_warps=4, num_stages=1, target_programs=28, min_split_rows=16
-    )
+    config = ops_attention.DecodeConfig(block_n=16, num_warps=4, num_stages=1, target_programs=28)
     monkeypatch.setattr(ops_attention, "decode_config", lambda head_dim, dtype, capacity: config)
     case = _case(s=1, past=100, slack=0, b=2, kv_heads=2, lens="ragged", scores=scores)
     k_cache = case.args[1]
@@ -176,11 +173,6 @@ def test_decode_split_count_depends_on_shapes_only() -> None:
         splits, size = ops_attention.decode_splits(1, 2, capacity, config)
         assert 1 <= splits <= ops_attention.MAX_SPLITS and splits * size >= capacity
         assert (splits - 1) * size < capacity, "a split that can never hold a row"
-    config = ops_attention.decode_config(128, torch.bfloat16, 4096)
-    wide = dataclasses.replace(config, min_split_rows=4 * config.block_n)
-    for capacity in (1, 4 * config.block_n + 1, 32768):
-        splits, size = ops_attention.decode_splits(1, 2, capacity, wide)
-        assert size >= wide.min_split_rows and splits * size >= capacity and (splits - 1) * size < capacity
 
 
 def test_one_scratch_serves_every_length() -> None:

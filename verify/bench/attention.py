@@ -293,7 +293,7 @@ def sweep_decode(model: dict, name: str, capacity: int) -> dict:
     default = ops_attention.decode_config(q.shape[-1], q.dtype, k.shape[1])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = [
-        ops_attention.DecodeConfig(bn, warps, stages, per_sm * sms, bn)
+        ops_attention.DecodeConfig(bn, warps, stages, per_sm * sms)
         for bn, warps, stages, per_sm in itertools.product((32, 64, 128), (4, 8), (2, 3), (1, 2, 4))
     ]
     results = []
