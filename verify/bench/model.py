@@ -6,7 +6,9 @@ Random weights of the real size, one prompt, greedy decode, batch 1, in one run:
 (b) the Triton model launched eagerly, (c) the reference model (fp32 math) eagerly,
 (d) the reference model computing in bf16 (plain torch), eagerly, (e) that plain-torch model
 compiled by ``torch.compile`` and replayed as a CUDA Graph, the gpt-fast style peer, (f) HF transformers
-``generate``, and (g) the roofline: weight + KV bytes per token over measured copy bandwidth.
+``generate``, (g) the launch floor: as many empty dependent kernels as a decode step launches,
+in one graph (what the launches alone cost), and (h) the roofline: weight + KV bytes per token
+over measured copy bandwidth.
 """
 
 from __future__ import annotations
@@ -133,14 +135,8 @@ def busy_shares(intervals: list[tuple[float, float]]) -> list[float]:
     return shares
 
 
-def kernel_profile(runner: DecodeRunner, first: torch.Tensor, start: int, steps: int) -> str:
-    """GPU time per decode token by kernel name, from the profiler's trace of graph replays.
-
-    With programmatic dependent launch (``ops.pdl``) kernels overlap and a kernel's span
-    includes the time it waits for the one before it, so spans add up to more than the step.
-    The table gives both: the spans, and each kernel's share of the busy time (see
-    :func:`busy_shares`), which adds up to the step and says where it goes.
-    """
+def step_events(runner: DecodeRunner, first: torch.Tensor, start: int, steps: int) -> list:
+    """The profiler's GPU events (kernels, copies) of ``steps`` decode steps, each fed the last token."""
     from torch.profiler import ProfilerActivity, profile
 
     token = runner.step(first, start)
@@ -149,7 +145,18 @@ def kernel_profile(runner: DecodeRunner, first: torch.Tensor, start: int, steps:
         for i in range(steps):
             token = runner.step(token, start + 1 + i)
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_profile(runner: DecodeRunner, first: torch.Tensor, start: int, steps: int) -> str:
+    """GPU time per decode token by kernel name, from the profiler's trace of graph replays.
+
+    With programmatic dependent launch (``ops.pdl``) kernels overlap and a kernel's span
+    includes the time it waits for the one before it, so spans add up to more than the step.
+    The table gives both: the spans, and each kernel's share of the busy time (see
+    :func:`busy_shares`), which adds up to the step and says where it goes.
+    """
+    events = step_events(runner, first, start, steps)
     shares = busy_shares([(e.time_range.start, e.time_range.end) for e in events])
     spans: dict[str, list[float]] = {}
     critical: dict[str, float] = {}
@@ -338,6 +345,17 @@ def main(argv: list[str] | None = None) -> int:
         record("HF transformers generate (bf16, eager)", prefill_s, (total - prefill_s) / new)
         del hf
 
+    # What the step's launches cost before any byte moves: as many empty dependent kernels.
+    launches = round(len(step_events(decode_runner, first, length, steps=4)) / 4)
+    floor_s, plain_floor_s = timing.launch_floor(
+        launches, 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    )
+    record(
+        f"launch floor: {launches} empty dependent kernels",
+        None,
+        floor_s,
+        f"as many launches as a step, PDL as the model; plain launches {plain_floor_s * 1e3:.3f} ms",
+    )
     avg_context = length + new // 2
     roof_s, roof_bytes = roofline_seconds(cfg, avg_context, bandwidth)
     record(

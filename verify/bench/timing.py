@@ -13,6 +13,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 import torch
+import triton
+import triton.language as tl
+
+from ops import pdl
 
 L2_BYTES = 60 * 2**20
 
@@ -47,6 +51,24 @@ def graph_time_per_call(calls: Sequence[Callable[[], object]], replays: int = 20
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times) / len(calls)
+
+
+@triton.jit
+def _empty_kernel(PDL: tl.constexpr):
+    """Nothing but the dependency every model kernel keeps: start early, wait for the one before."""
+    pdl.release(PDL)
+    pdl.wait(PDL)
+
+
+def launch_floor(launches: int, programs: int) -> tuple[float, float]:
+    """Seconds for ``launches`` dependent launches of an empty kernel of ``programs`` programs
+    replayed from one CUDA Graph: ``(with PDL, plain)``. The time a chain of that many kernels
+    takes whatever they compute: what launching, scheduling and waiting for each predecessor
+    cost. (With PDL off, the first value is the plain one too.)"""
+    options = pdl.launch_options()
+    with_pdl = graph_time_per_call([lambda: _empty_kernel[(programs,)](**options)] * launches)
+    plain = graph_time_per_call([lambda: _empty_kernel[(programs,)](PDL=False)] * launches)
+    return with_pdl * launches, plain * launches
 
 
 def bench_median(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
