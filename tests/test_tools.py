@@ -187,3 +187,32 @@ def test_sweep_writes_table_entries_as_ops_gemm_does() -> None:
     assert not any(c.kernel == "gemv" for c in candidates_for(256, 1024, 1024))  # prefill: tiled only
     assert _config_source(GemmConfig.parse("gemv n8 k1024 w4 s1")) == "_gemv(8, 1024, 1, 4, 1)"
     assert _config_source(GemmConfig.parse("tiled 64x64 k64 splitK4 w4 s4")) == "_tiled(64, 64, 64, 4, 4, 4)"
+
+
+def test_decode_targets_state_the_ceiling_an_empty_launch_sets() -> None:
+    from verify.bench.gemm import Roofline, Row, targets
+
+    roof = Roofline(copy_bw=4e12, bf16_peak=8e14, launch_s=1e-6)
+
+    def pick(n: int, k: int, seconds: float) -> Row:  # targets reads every third row: the table's pick
+        row = Row("article", f"{n}x{k}", 1, n, k, "ours *", "gemv", seconds, True, 0.0)
+        row.pct_roofline, row.vs_cublas = 100 * 2 * n * k / roof.copy_bw / seconds, 2.0
+        return row
+
+    small, large = pick(1024, 1024, 2e-6), pick(9728, 1024, 7e-6)  # 2 MB read in 0.52 us; 20 MB
+    lines = targets([small, small, small, large, large, large], roof)
+    assert lines[0].startswith("MISS") and "at most 52% here" in lines[0]
+    assert lines[1].startswith("MISS") and "at most" not in lines[1]
+
+
+def test_attention_decode_target_states_the_launch_ceiling() -> None:
+    from verify.bench.attention import _targets
+
+    rows = [
+        {"kind": "prefill", "shape": "S=2048", "speed_vs_sdpa": 1.5},
+        {"kind": "decode", "shape": "cache=4096", "speed_vs_sdpa": 2.0, "pct_bandwidth": 14.0,
+         "kv_bytes": 4e6, "launches": 2},
+    ]  # fmt: skip
+    decode_bandwidth = _targets(rows, bandwidth=4e12, launch_s=1e-6)[1]
+    assert not decode_bandwidth["met"]
+    assert decode_bandwidth["value"] == "14% (at most 50% with 2 launches of 1.00 us or more)"

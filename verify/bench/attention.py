@@ -163,13 +163,17 @@ def bench_decode(capacity: int, bandwidth: float) -> dict:
         "pct_bandwidth": 100 * kv_bytes / ours / bandwidth,
         "sdpa_gbps": kv_bytes / theirs / 1e9,
         "splits": scratch.max.shape[-1],
+        "kv_bytes": kv_bytes,
+        "launches": 1 if scratch.max.shape[-1] == 1 else 2,  # the split kernel, then the combine
         "copies": copies,
     }
 
 
-def _targets(rows: list[dict]) -> list[dict]:
+def _targets(rows: list[dict], bandwidth: float, launch_s: float) -> list[dict]:
     prefill = next(r for r in rows if r["kind"] == "prefill" and r["shape"] == "S=2048")
     decode = next(r for r in rows if r["kind"] == "decode" and r["shape"] == "cache=4096")
+    # timed in a chain of dependent launches, none of which is faster than an empty kernel
+    ceiling = min(100.0, 100 * decode["kv_bytes"] / bandwidth / (decode["launches"] * launch_s))
     return [
         {
             "target": f"prefill S=2048 >= {PREFILL_TARGET:.0%} of SDPA's speed",
@@ -178,7 +182,8 @@ def _targets(rows: list[dict]) -> list[dict]:
         },
         {
             "target": f"decode cache 4096 >= {DECODE_TARGET:.0%} of copy bandwidth",
-            "value": f"{decode['pct_bandwidth']:.0f}%",
+            "value": f"{decode['pct_bandwidth']:.0f}% (at most {ceiling:.0f}% with {decode['launches']} "
+            f"launches of {launch_s * 1e6:.2f} us or more)",
             "met": decode["pct_bandwidth"] >= 100 * DECODE_TARGET,
         },
         {
@@ -381,7 +386,8 @@ def main(argv: list[str]) -> int:
     else:
         peak, bandwidth = timing.bf16_matmul_peak(), timing.copy_bandwidth()
         rows = [bench_prefill(s, peak) for s in PREFILL_S] + [bench_decode(n, bandwidth) for n in DECODE_L]
-        targets = _targets(rows)
+        launch_s = timing.empty_launch_seconds()
+        targets = _targets(rows, bandwidth, launch_s)
         _print_tables(rows, peak, bandwidth, targets)
         data = {"peak_flops": peak, "bandwidth": bandwidth, "rows": rows, "targets": targets}
         code = 0 if all(r["passed"] for r in rows) else 1

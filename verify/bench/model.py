@@ -347,9 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # What the step's launches cost before any byte moves: as many empty dependent kernels.
     launches = round(len(step_events(decode_runner, first, length, steps=4)) / 4)
-    floor_s, plain_floor_s = timing.launch_floor(
-        launches, 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    )
+    floor_s, plain_floor_s = timing.launch_floor(launches)
     record(
         f"launch floor: {launches} empty dependent kernels",
         None,
