@@ -8,7 +8,7 @@ against HF transformers (tests/test_hf_oracle.py).
 
 Per layer, as in HF's Llama/Qwen2/Qwen3 decoder layers::
 
-    h, residual = add_rms_norm(x, residual, input_norm)     # rms_norm(x) for layer 0
+    h, residual = add_rms_norm(x, residual, input_norm)     # layer 0: x = embedding, residual = 0
     q, k, v     = split(linear(h, W_qkv, b_qkv))            # one fused GEMM, views
     q, k        = rms_norm(q, q_norm), rms_norm(k, k_norm)  # qwen3 only
     q, k        = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -22,9 +22,9 @@ and after the last layer ``logits = linear(add_rms_norm(x, residual, final_norm)
 
 With ``fused=True`` (the default; decode's kernel count decides its speed) consecutive ops
 run as one fused op each, registered and verified like any other (see ``FUSIONS``):
-``add_rms_norm_linear_rope_kv_store`` for norm + QKV + RoPE + cache write (from layer 1 on:
-layer 0 has no residual to add; and not with qk-norm, which needs whole heads the QKV gemv's
-programs do not hold: there ``add_rms_norm_linear`` then ``rope_kv_store``), and
+``add_rms_norm_linear_rope_kv_store`` for norm + QKV + RoPE + cache write (not with qk-norm,
+which needs whole heads the QKV gemv's programs do not hold: there ``add_rms_norm_linear`` then
+``rope_kv_store``), and
 ``add_rms_norm_linear_silu_mul`` for norm + gate/up + SwiGLU (``layer_ops`` lists a layer's).
 ``fused=False`` calls the parts, one op per step of the listing above,
 which is what an ``--inject`` of one part needs.
@@ -136,26 +136,29 @@ class Decoder:
             raise ValueError(
                 f"{op} runs inside a fused op in this decoder (fused=True): build it with fused=False"
             )
-        missing = [layer for layer in layers if op not in self.layer_ops(layer)]
-        if missing:
+        if op not in self.layer_ops():
             raise ValueError(
-                f"{op} is not called in layer {missing[0]} of this decoder, which runs "
-                f"{', '.join(self.layer_ops(missing[0]))} there"
+                f"{op} is not called in the layers of this decoder: {', '.join(self.layer_ops())}"
             )
         for layer in layers:
             self.overrides[(op, layer)] = impl
 
-    def layer_ops(self, n: int) -> tuple[str, ...]:
-        """The ops layer ``n`` calls, in order (what an injection can swap there)."""
+    def layer_ops(self) -> tuple[str, ...]:
+        """The ops every layer calls, in order (what an injection can swap)."""
         c = self.config
         if not self.fused:
             qk_norm = ("rms_norm", "rms_norm") if c.qk_norm else ()
-            norm = "rms_norm" if n == 0 else "add_rms_norm"
-            attn = (norm, "linear", *qk_norm, "apply_rope", "apply_rope", "kv_cache_store", "attention")
+            attn = (
+                "add_rms_norm",
+                "linear",
+                *qk_norm,
+                "apply_rope",
+                "apply_rope",
+                "kv_cache_store",
+                "attention",
+            )
             return (*attn, "linear", "add_rms_norm", "linear", "silu_mul", "linear")
-        if n == 0:
-            qkv = ("rms_norm", "linear", "rope_kv_store")
-        elif c.qk_norm:
+        if c.qk_norm:
             qkv = ("add_rms_norm_linear", "rope_kv_store")
         else:
             qkv = ("add_rms_norm_linear_rope_kv_store",)
@@ -213,7 +216,7 @@ class Decoder:
         self,
         n: int,
         x: torch.Tensor,
-        residual: torch.Tensor | None,
+        residual: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         start_pos: torch.Tensor,
@@ -225,7 +228,7 @@ class Decoder:
         eps = c.rms_norm_eps
         rows = batch * seq
         k_cache, v_cache = self.k_cache[n], self.v_cache[n]
-        if "add_rms_norm_linear_rope_kv_store" in self.layer_ops(n):
+        if "add_rms_norm_linear_rope_kv_store" in self.layer_ops():
             q, total = self.op(
                 n, "qkv_proj", "add_rms_norm_linear_rope_kv_store", x.view(rows, hidden),
                 residual.view(rows, hidden), w.input_norm, eps, w.qkv, w.qkv_bias, cos, sin, k_cache,
@@ -254,16 +257,11 @@ class Decoder:
         down = self.op(n, "down_proj", "linear", act, w.down, None)
         return down.view(batch, seq, hidden), residual
 
-    def _qkv(
-        self, n: int, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _qkv(self, n: int, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The input norm and the QKV projection: ``(qkv [B * S, (Hq + 2 Hkv) * D], residual)``."""
         c, w = self.config, self.weights.layers[n]
         batch, seq, hidden = x.shape
         rows, eps = batch * seq, c.rms_norm_eps
-        if residual is None:
-            h, residual = self.op(n, "attn_norm", "rms_norm", x, w.input_norm, eps), x
-            return self.op(n, "qkv_proj", "linear", h.view(rows, hidden), w.qkv, w.qkv_bias), residual
         if self.fused:
             qkv, total = self.op(
                 n, "qkv_proj", "add_rms_norm_linear", x.view(rows, hidden), residual.view(rows, hidden),
@@ -320,7 +318,9 @@ class Decoder:
             MODEL_LAYER, "rope", "rope_cos_sin", self.positions(start_pos, seq), c.rotary_dim, c.rope_theta
         )
         seq_lens = self.seq_lens(start_pos, seq)
-        residual = None
+        # layer 0 adds nothing to the embedding: a zero residual, so every layer is the same
+        zeros = self._const(("zeros", tuple(x.shape)), lambda: torch.zeros_like(x)) if self.static else None
+        residual = torch.zeros_like(x) if zeros is None else zeros
         for n in range(c.num_layers):
             x, residual = self.layer(n, x, residual, cos, sin, start_pos, seq_lens)
             if layer_hook is not None:

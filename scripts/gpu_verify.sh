@@ -30,7 +30,7 @@ for stage in $stages; do
         e2e) run e2e 60 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json" ;;
         bisect) run bisect 70 python -m verify.bisect --layer --model article --json "$OUT/bisect.json" \
             --plot "$OUT/bisect.png" ;;
-        bench) run bench 300 python -m verify.bench model --preset article --skip eager,reference \
+        bench) run bench 300 python -m verify.bench model --preset article --skip eager,reference --profile \
             --json "$OUT/model.json" ;;
         gemm) run gemm 200 python -m verify.bench gemm --preset all --json "$OUT/gemm.json" ;;
         gemm-decode) run gemm-decode 100 python -m verify.bench gemm --preset article --phase decode \
@@ -38,9 +38,10 @@ for stage in $stages; do
         sweep-decode) run sweep-decode 200 python -m verify.bench gemm --sweep --preset all --phase decode \
             --json "$OUT/sweep-decode.json" ;;
         # 500 drawn cases per op (each op is one test: -n spreads the ops, not the cases); -x so
-        # the first failure is printed in full before any time limit cuts the log
+        # the first failure is printed in full before any time limit cuts the log.
+        # THOROUGH_OPS='a or b' narrows it to those ops.
         thorough) run thorough 440 env HYPOTHESIS_PROFILE=thorough python -m pytest -n 16 -x -v -p no:cacheprovider \
-            tests/test_ops.py -k test_matches_reference ;;
+            tests/test_ops.py -k "test_matches_reference${THOROUGH_OPS:+ and ($THOROUGH_OPS)}" ;;
         attention) run attention 150 python -m verify.bench attention --json "$OUT/attention.json" ;;
         # the decode step of this tree against each ab_*/ copy (ab_base/: an earlier commit, git
         # archive REV | tar -x -C ab_base; ab_<variant>/: this tree with one change), alternating

@@ -181,13 +181,12 @@ def test_dependent_launch_is_off_on_the_interpreter() -> None:
 
 
 def test_layers_call_the_fused_qkv_op_their_config_allows() -> None:
-    """Without qk-norm, layers from 1 on run norm + QKV + RoPE + cache write as one op; an
-    injection where the op is not called is refused, not silently never run."""
+    """Without qk-norm, every layer (layer 0 too: its residual is zero) runs norm + QKV + RoPE +
+    cache write as one op; an injection of an op no layer calls is refused, not silently never run."""
     _, qwen2 = _models("qwen2")
     _, qwen3 = _models("qwen3")
-    assert qwen2.layer_ops(1)[0] == "add_rms_norm_linear_rope_kv_store"
-    assert qwen2.layer_ops(0)[:3] == ("rms_norm", "linear", "rope_kv_store")
-    assert qwen3.layer_ops(1)[:2] == ("add_rms_norm_linear", "rope_kv_store")
-    with pytest.raises(ValueError, match="rope_kv_store is not called in layer 1"):
+    assert qwen2.layer_ops()[0] == "add_rms_norm_linear_rope_kv_store"
+    assert qwen3.layer_ops()[:2] == ("add_rms_norm_linear", "rope_kv_store")
+    with pytest.raises(ValueError, match="rope_kv_store is not called in the layers"):
         qwen2.inject("rope_kv_store", lambda *args: None, [0, 1])
     qwen3.inject("rope_kv_store", lambda *args: None, [0, 1])

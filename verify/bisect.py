@@ -101,8 +101,8 @@ class Recorder:
         )
 
 
-def _stream(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    return x.float() if residual is None else x.float() + residual.float()
+def _stream(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return x.float() + residual.float()
 
 
 @dataclass
@@ -127,7 +127,7 @@ def trace_reference(model, ids: torch.Tensor, start_pos: torch.Tensor) -> StepTr
     finally:
         model.interceptor = None
     embedded = recorder.find(-1, "embedding")[1]
-    inputs = [(embedded, None), *outputs[:-1]]
+    inputs = [(embedded, torch.zeros_like(embedded)), *outputs[:-1]]  # layer 0: a zero residual
     return StepTrace(ids, start_pos, list(zip(inputs, outputs, strict=True)), logits, recorder)
 
 

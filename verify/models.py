@@ -58,14 +58,14 @@ def parse_injection(text: str) -> Injection:
 
 
 def apply_injections(model: Decoder, injections: list[Injection]) -> None:
-    """``@all`` means every layer that calls the op (layer 0 has no fused norm + QKV, say)."""
+    """``@all`` means every layer."""
     for inj in injections:
         if inj.layers is None:
-            layers = [n for n in range(model.config.num_layers) if inj.op in model.layer_ops(n)]
-            if not layers:
+            if inj.op not in model.layer_ops():
                 raise UsageError(
                     f"--inject {inj.op}: no layer of this decoder calls it; it runs {describe_ops_of(model)}"
                 )
+            layers = list(range(model.config.num_layers))
         else:
             layers = list(inj.layers)
         bad = [n for n in layers if not 0 <= n < model.config.num_layers]
@@ -147,6 +147,6 @@ def describe_ops(models: Models) -> str:
 
 def describe_ops_of(model: Decoder) -> str:
     if model.fused:
-        called = {op for n in range(model.config.num_layers) for op in model.layer_ops(n)}
+        called = set(model.layer_ops())
         return f"fused ops ({', '.join(op for op in FUSIONS if op in called)})"
     return "unfused ops (an --inject swaps a part of a fused op)"
