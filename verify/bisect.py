@@ -133,7 +133,7 @@ def trace_reference(model, ids: torch.Tensor, start_pos: torch.Tensor) -> StepTr
 
 def _layer_args(model, trace: StepTrace) -> tuple:
     cos, sin = trace.recorder.find(-1, "rope")[1]
-    return cos, sin, trace.start_pos, model.seq_lens(trace.start_pos, trace.ids.shape[1])
+    return cos, sin, trace.start_pos, model.positions_and_lengths(trace.start_pos, trace.ids.shape[1])[1]
 
 
 def _head(model, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
