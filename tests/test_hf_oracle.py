@@ -17,6 +17,7 @@ from model import config as model_config
 from model import reference
 from model import weights as model_weights
 from model.config import ModelConfig
+from verify.e2e import hf_forward
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,8 +52,8 @@ def test_reference_model_matches_transformers(tmp_path: Path, family: str) -> No
         got = ref.forward(ids, torch.zeros(2, dtype=torch.int32), all_logits=True)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
         # and a decode step through the KV cache, against HF's cached decode
-        past = hf(input_ids=ids, use_cache=True).past_key_values
+        _, cache = hf_forward(hf, ids, None)
         step = torch.tensor([[3], [77]])
-        expected_step = hf(input_ids=step, past_key_values=past, use_cache=True).logits[:, -1]
+        expected_step = hf_forward(hf, step, cache)[0][:, -1]
         got_step = ref.forward(step, torch.full((2,), 9, dtype=torch.int32))
         torch.testing.assert_close(got_step, expected_step, rtol=1e-4, atol=1e-4)

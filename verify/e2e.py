@@ -10,6 +10,7 @@ Exit 0: parity; 1: a divergence; 2: bad usage or input.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -69,20 +70,30 @@ def compare(
 # ---- the three implementations, stepped in lockstep -------------------------------------------
 
 
+def hf_forward(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> tuple[torch.Tensor, object]:
+    """One cached forward of an HF causal LM: ``(logits, cache)``. transformers renamed the
+    argument and output ``past_key_values`` to ``cache`` (5.24 warns that the old name goes in
+    5.40), so the name is taken from the installed version's ``forward``."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=ids, use_cache=True, **{name: cache})
+    return out.logits, getattr(out, name)
+
+
 class HFModel:
     """HF transformers on the same checkpoint: the independent third implementation."""
 
     def __init__(self, directory, device: torch.device) -> None:
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # its loading bar would break into the step table
         self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device).eval()
-        self.past = None
+        self.cache = None
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, past_key_values=self.past, use_cache=True)
-        self.past = out.past_key_values
-        return out.logits[:, -1]
+        logits, self.cache = hf_forward(self.model, ids, self.cache)
+        return logits[:, -1]
 
 
 def calibrate_tie_tolerance(models, prompt: torch.Tensor, factor: float) -> tuple[float, float]:
