@@ -190,3 +190,24 @@ def test_layers_call_the_fused_qkv_op_their_config_allows() -> None:
     with pytest.raises(ValueError, match="rope_kv_store is not called in the layers"):
         qwen2.inject("rope_kv_store", lambda *args: None, [0, 1])
     qwen3.inject("rope_kv_store", lambda *args: None, [0, 1])
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static buffers"])
+def test_positions_and_lengths_per_row(static: bool) -> None:
+    """One add gives every row its own positions and length; the positions are a strided view,
+    which rope_cos_sin reads as it reads a contiguous copy."""
+    from ops.rope import rope_cos_sin
+
+    _, tri = _models(batch=3)
+    tri.static = static
+    start = torch.tensor([0, 5, 9], dtype=torch.int32, device=DEVICE)
+    positions, seq_lens = tri.positions_and_lengths(start, 4)
+    expected = start[:, None].long() + torch.arange(4, device=DEVICE)
+    assert positions.dtype == seq_lens.dtype == torch.int32
+    assert torch.equal(positions.long(), expected)
+    assert torch.equal(seq_lens.long(), start.long() + 4)
+    strided, contiguous = (
+        rope_cos_sin(positions, 16, 10000.0),
+        rope_cos_sin(positions.contiguous(), 16, 10000.0),
+    )
+    assert all(torch.equal(a, b) for a, b in zip(strided, contiguous, strict=True))
