@@ -323,8 +323,8 @@ class Decoder:
         positions, seq_lens = self.positions_and_lengths(start_pos, seq)
         cos, sin = self.op(MODEL_LAYER, "rope", "rope_cos_sin", positions, c.rotary_dim, c.rope_theta)
         # layer 0 adds nothing to the embedding: a zero residual, so every layer is the same
-        zeros = self._const(("zeros", tuple(x.shape)), lambda: torch.zeros_like(x)) if self.static else None
-        residual = torch.zeros_like(x) if zeros is None else zeros
+        zeros = functools.partial(torch.zeros_like, x)
+        residual = self._const(("zeros", tuple(x.shape)), zeros) if self.static else zeros()
         for n in range(c.num_layers):
             x, residual = self.layer(n, x, residual, cos, sin, start_pos, seq_lens)
             if layer_hook is not None:

@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # What the step's launches cost before any byte moves: as many empty dependent kernels.
     launches = round(len(step_events(decode_runner, first, length, steps=4)) / 4)
-    floor_s, plain_floor_s = timing.launch_floor(launches)
+    floor_s, plain_floor_s = timing.launch_floor(launches), timing.launch_floor(launches, dependent=False)
     record(
         f"launch floor: {launches} empty dependent kernels",
         None,

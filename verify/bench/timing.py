@@ -60,22 +60,20 @@ def _empty_kernel(PDL: tl.constexpr):
     pdl.wait(PDL)
 
 
-def launch_floor(launches: int) -> tuple[float, float]:
-    """Seconds for ``launches`` dependent launches of an empty kernel (two programs per SM, as the
-    model's kernels have about) replayed from one CUDA Graph: ``(with PDL, plain)``. The time a
-    chain of that many kernels takes whatever they compute: what launching, scheduling and
-    waiting for each predecessor cost. (With PDL off, the first value is the plain one too.)"""
+def launch_floor(launches: int, dependent: bool = True) -> float:
+    """Seconds for ``launches`` launches of an empty kernel (two programs per SM, as the model's
+    kernels have about) replayed from one CUDA Graph, each waiting for the one before through
+    PDL as the model's do (``dependent``, where PDL is on) or launched plainly. The time a chain
+    of that many kernels takes whatever they compute: launching, scheduling, waiting."""
     grid = (2 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count,)
-    options = pdl.launch_options()
-    with_pdl = graph_time_per_call([lambda: _empty_kernel[grid](**options)] * launches)
-    plain = graph_time_per_call([lambda: _empty_kernel[grid](PDL=False)] * launches)
-    return with_pdl * launches, plain * launches
+    options = pdl.launch_options() if dependent else {"PDL": False}
+    return graph_time_per_call([lambda: _empty_kernel[grid](**options)] * launches) * launches
 
 
 def empty_launch_seconds(chain: int = 64) -> float:
     """One empty kernel's share of a chain of dependent launches (PDL as the model): no kernel
     timed in such a chain, as the benchmarks time them, can take less."""
-    return launch_floor(chain)[0] / chain
+    return launch_floor(chain) / chain
 
 
 def bench_median(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
