@@ -21,6 +21,6 @@ def cached(owner: str, key: tuple, make: Callable[[], T]) -> T:
     return _buffers[full_key]
 
 
-def held(owner: str) -> list[Any]:
-    """The buffers ``owner`` holds, oldest first (for tests)."""
-    return [buffer for key, buffer in _buffers.items() if key[0] == owner]
+def held(owner: str | None = None) -> list[Any]:
+    """The buffers ``owner`` (None: every owner) holds, oldest first (for tests)."""
+    return [buffer for key, buffer in _buffers.items() if owner is None or key[0] == owner]

@@ -113,9 +113,11 @@ def _all_tensors(tri, runner) -> list[torch.Tensor]:
     out += [w.embed, w.lm_head, w.final_norm]
     for layer in w.layers:
         out += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-    from ops import rope
+    from ops import rope, scratch
 
     out += list(rope._inv_freq_cache.values())
+    for buffer in scratch.held():  # made in the warm-up step, reused after
+        out += list(buffer) if isinstance(buffer, tuple) else [buffer]
     return out
 
 
