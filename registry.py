@@ -217,9 +217,4 @@ register(OpSpec(  # decode's QKV GEMM: the norm in its prologue, RoPE and the ca
     s_fused_linear.ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_INVALID,
     mutates=("k_cache", "v_cache"), sums_products=True,
 ))
-register(OpSpec(  # decode's attention and o_proj: the split combine in the projection's prologue
-    "attention_linear", fused_linear.attention_linear, references.fused_linear.attention_linear,
-    s_fused_linear.attention_linear_params, s_fused_linear.attention_linear_build, (6, 7, 8, 10),
-    s_fused_linear.ATTENTION_LINEAR_EXAMPLES, s_fused_linear.ATTENTION_LINEAR_INVALID, sums_products=True,
-))
 # fmt: on

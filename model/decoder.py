@@ -25,7 +25,6 @@ run as one fused op each, registered and verified like any other (see ``FUSIONS`
 ``add_rms_norm_linear_rope_kv_store`` for norm + QKV + RoPE + cache write (not with qk-norm,
 which needs whole heads the QKV gemv's programs do not hold: there ``add_rms_norm_linear`` then
 ``rope_kv_store``), and
-``attention_linear`` for attention + o_proj (the split combine in the projection's prologue),
 ``add_rms_norm_linear_silu_mul`` for norm + gate/up + SwiGLU (``layer_ops`` lists a layer's).
 ``fused=False`` calls the parts, one op per step of the listing above,
 which is what an ``--inject`` of one part needs.
@@ -59,7 +58,6 @@ OPS = (
     "rope_kv_store",
     "add_rms_norm_linear_silu_mul",
     "add_rms_norm_linear_rope_kv_store",
-    "attention_linear",
 )
 # fused op -> the ops it stands for (its reference is their composition)
 FUSIONS = {
@@ -67,7 +65,6 @@ FUSIONS = {
     "rope_kv_store": ("rms_norm", "apply_rope", "kv_cache_store"),
     "add_rms_norm_linear_silu_mul": ("add_rms_norm", "linear", "silu_mul"),
     "add_rms_norm_linear_rope_kv_store": ("add_rms_norm", "linear", "apply_rope", "kv_cache_store"),
-    "attention_linear": ("attention", "linear"),
 }
 FUSED_PARTS = frozenset(part for parts in FUSIONS.values() for part in parts)
 MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, lm_head
@@ -165,7 +162,7 @@ class Decoder:
             qkv = ("add_rms_norm_linear", "rope_kv_store")
         else:
             qkv = ("add_rms_norm_linear_rope_kv_store",)
-        return (*qkv, "attention_linear", "add_rms_norm_linear_silu_mul", "linear")
+        return (*qkv, "attention", "linear", "add_rms_norm_linear_silu_mul", "linear")
 
     def op(self, layer: int, point: str, name: str, *args: Any, slot: int = 0) -> Any:
         """Call op ``name`` at hook ``point`` of ``layer``.
@@ -247,24 +244,21 @@ class Decoder:
         else:
             qkv, residual = self._qkv(n, x, residual)
             q = self._rope_kv_store(n, qkv, cos, sin, start_pos)
+        a = self.op(n, "attention", "attention", q, k_cache, v_cache, seq_lens, self.scale)
+        o = self.op(n, "o_proj", "linear", a.reshape(rows, c.q_size), w.o_proj, None)
+        inter = c.intermediate_size
         if self.fused:
-            o = self.op(
-                n, "o_proj", "attention_linear", q, k_cache, v_cache, seq_lens, self.scale, w.o_proj, None
-            )
             act, total = self.op(
                 n, "gate_up_proj", "add_rms_norm_linear_silu_mul", o, residual.view(rows, hidden),
                 w.post_norm, eps, w.gate_up, slot=2 + n % 2,
             )  # fmt: skip
             residual = total.view(batch, seq, hidden)
         else:
-            a = self.op(n, "attention", "attention", q, k_cache, v_cache, seq_lens, self.scale)
-            o = self.op(n, "o_proj", "linear", a.reshape(rows, c.q_size), w.o_proj, None)
             h, residual = self.op(
                 n, "mlp_norm", "add_rms_norm", o.view(batch, seq, hidden), residual, w.post_norm, eps,
                 slot=2 + n % 2,
             )  # fmt: skip
             gate_up = self.op(n, "gate_up_proj", "linear", h.view(rows, hidden), w.gate_up, None)
-            inter = c.intermediate_size
             act = self.op(n, "silu_mul", "silu_mul", gate_up[:, :inter], gate_up[:, inter:])
         down = self.op(n, "down_proj", "linear", act, w.down, None)
         return down.view(batch, seq, hidden), residual

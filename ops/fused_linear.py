@@ -16,12 +16,6 @@ Graph, so two of them are folded into the GEMM that consumes their output:
   the two weight rows of each rotation pair (d and d + D/2 of a head), so it holds both values
   it rotates, and stores q into the output and k and v into the caches.
 
-* ``attention_linear``: decode attention and the output projection after it. The attention's
-  split kernel runs as in ``ops.attention``; the kernel that would combine its splits does not:
-  each gemv program of the projection combines them itself as it loads x (every program needs
-  the whole attention row, a few tens of KB of fp32 partials read from L2), so the projection
-  starts one launch earlier and the attention row never goes through memory.
-
 Each fused value is rounded to the input dtype exactly where the unfused op would round its
 output, so the result is the unfused composition's, up to fp32 summation order. Past the
 gemv sizes (M > 4: prefill, compute bound) the ops run as that composition: the norm or
@@ -32,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ops import attention, elementwise, gemm, norm, rope_kv_store, scratch, validate
+from ops import elementwise, gemm, norm, rope_kv_store, scratch, validate
 
 
 def _intermediate(
@@ -211,67 +205,3 @@ def add_rms_norm_linear_rope_kv_store(
     rope = gemm.RopeArgs.of(cos, sin, k_cache, v_cache, start_pos, q_heads)
     _project(x, weight, bias, config.replace(split_k=1), q.view(m, q_heads * dim), prologue, rope)
     return q, total
-
-
-COMBINE_OUTPUTS = 8  # outputs a combining program streams: fewer programs redo the combine
-
-
-def combines_in_projection(q_shape: tuple[int, ...], kv_heads: int, splits: int) -> bool:
-    """Whether ``attention_linear`` fuses for q ``[B, S, Hq, D]``: the decode path (``splits``
-    from ``ops.attention.decode_splits``; one split writes the output itself, there is nothing to
-    combine) and B * S rows within the gemv's (projection shapes past it take the tiled GEMM)."""
-    batch, seq, q_heads, _ = q_shape
-    decode = attention.uses_decode_path(seq, q_heads // kv_heads)
-    return decode and splits > 1 and batch * seq <= gemm.GEMV_MAX_M
-
-
-def attention_linear(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``linear(attention(q, k_cache, v_cache, seq_lens, scale).reshape(B * S, Hq * D), weight, bias)``.
-
-    The arguments of ``ops.attention.attention`` (``q`` ``[B, S, Hq, D]`` any view with unit
-    stride in D, the caches ``[B, L, Hkv, D]``), then ``weight`` ``[N, Hq * D]``; returns
-    ``[B * S, N]``. Fused on the decode path with more than one split and a gemv-sized B * S;
-    elsewhere the two ops run one after the other.
-    """
-    attention.check_args(q, k_cache, v_cache, seq_lens, scale)
-    batch, seq, q_heads, dim = q.shape
-    m, k = batch * seq, q_heads * dim
-    validate.tensor("weight", weight, ndim=2, last_dim_contiguous=False)
-    if weight.shape[1] != k:
-        raise ValueError(
-            f"weight: expected shape [N, {k}] (K = Hq * D = {q_heads} * {dim} of q), "
-            f"got {tuple(weight.shape)}"
-        )
-    validate.same_dtype("weight", weight, "q", q)
-    n = weight.shape[0]
-    gemm.check_bias(bias, n, q)
-    y = validate.output(out, (m, n), q.dtype, q)
-    if m == 0 or n == 0:
-        return y
-    capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    decode = attention.decode_config(dim, q.dtype, capacity)
-    splits, _ = attention.decode_splits(batch, kv_heads, capacity, decode)
-    config = _fused_config(m, n, k)
-    if config is None or not combines_in_projection(q.shape, kv_heads, splits):
-        a = _intermediate((m, k), q, "fused attention")
-        attention.attention(q, k_cache, v_cache, seq_lens, scale, out=a.view(q.shape))
-        return gemm.linear(a, weight, bias, out=y)
-    partials = attention.cached_scratch(q, k_cache, decode)
-    attention.launch_decode_split(q, k_cache, v_cache, seq_lens, float(scale), y, partials, decode)
-    combine = gemm.CombineArgs(partials.acc, partials.max, partials.sum, splits, q_heads)
-    x = q[0, 0, 0, :1].expand(m, k)  # a placeholder the kernel never reads: M, K and the dtype
-    config = config.replace(
-        split_k=1, block_n=max(config.block_n, COMBINE_OUTPUTS), block_k=max(config.block_k, dim), num_warps=4
-    )
-    gemm.run(x, weight, bias, config, y, None, gemm.Prologue("attention_combine", x, combine=combine))
-    return y

@@ -47,7 +47,6 @@ GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
 MAX_SPLIT_K = 64  # the reduce unrolls over the splits
 SMS = 132  # H200 streaming multiprocessors: sizes the default split-K
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use: bounds the pipeline depth
-MAX_SPLIT_CHUNK = 8  # attention splits the combine prologue loads at once
 MAX_NORM_BLOCK = 4096  # the norm prologue reads a row of up to this many in one step, longer in steps
 
 
@@ -145,24 +144,13 @@ def _inv_rms(x_row, a_row, K, eps, stride_xk, stride_ak, BLOCK_M: tl.constexpr, 
 @triton.jit
 def _gemv_chunk(
     acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, store_sum, k_left, K, eps,
-    combine, k_at,
     PROLOGUE: tl.constexpr, MASKED: tl.constexpr, BLOCK_M: tl.constexpr, ONE_STEP: tl.constexpr,
-    HEAD_DIM: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_K step of ``_gemv_kernel`` (the chunk at K offset ``k_at``): load x (through the
-    prologue) and w, accumulate x * w."""
+    """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w."""
     k_ok = offs_k < k_left
     a = x_ptrs  # placeholders where the prologue reads no second operand or norm scale
     scale = inv_rms
-    if PROLOGUE == "attention_combine":  # x is computed from the partials, never loaded
-        if MASKED:
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        else:
-            w = tl.load(w_ptrs)
-        x = _combine_splits(
-            combine, offs_m, M, k_at, x_ptrs.dtype.element_ty, BLOCK_M, offs_k.shape[0], HEAD_DIM, SPLIT_CHUNK
-        )
-    elif MASKED:  # the K tail: masked lanes read 0 and add nothing
+    if MASKED:  # the K tail: masked lanes read 0 and add nothing
         x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
         if PROLOGUE != "none":
@@ -183,44 +171,6 @@ def _gemv_chunk(
     else:
         acc += tl.sum(prod, axis=2)
     return acc
-
-
-@triton.jit
-def _combine_splits(
-    combine, offs_m, M, k_at, dtype: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    HEAD_DIM: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-):  # fmt: skip
-    """The ``"attention_combine"`` prologue: x[m, k_at ..] is the attention output of token m,
-    heads ``k_at / HEAD_DIM ..`` (BLOCK_K / HEAD_DIM whole heads; ``k_at`` is a multiple of
-    BLOCK_K), from the decode split kernel's partials as ``_decode_combine_kernel`` combines
-    them: each split's sum and accumulator weighted by ``2^(m_split - max m)`` under a running
-    max, summed, divided, rounded to x's dtype. SPLIT_CHUNK splits' loads go out together."""
-    HEADS: tl.constexpr = BLOCK_K // HEAD_DIM
-    heads = k_at // HEAD_DIM + tl.arange(0, HEADS)
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_s = tl.arange(0, SPLIT_CHUNK)
-    # [BLOCK_M, HEADS] rows of the partials: (token, head), each with `splits` consecutive splits
-    rows = offs_m[:, None].to(tl.int64) * combine.q_heads + heads[None, :]
-    row_ok = (offs_m < M)[:, None] & (heads < combine.q_heads)[None, :]
-    m_run = tl.full((BLOCK_M, HEADS), float("-inf"), tl.float32)
-    total = tl.zeros((BLOCK_M, HEADS), tl.float32)
-    acc = tl.zeros((BLOCK_M, HEADS, HEAD_DIM), tl.float32)
-    for first in range(0, combine.splits, SPLIT_CHUNK):
-        part = rows[:, None, :] * combine.splits + first + offs_s[None, :, None]  # [M, chunk, heads]
-        ok = row_ok[:, None, :] & (first + offs_s < combine.splits)[None, :, None]
-        m = tl.load(combine.max + part, mask=ok, other=float("-inf"))
-        sums = tl.load(combine.sum + part, mask=ok, other=0.0)
-        acc_ptrs = combine.acc + part[:, :, :, None] * HEAD_DIM + offs_d[None, None, None, :]
-        vals = tl.load(acc_ptrs, mask=ok[:, :, :, None], other=0.0)
-        m_new = tl.maximum(m_run, tl.max(m, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split saw the row yet: weights 0
-        alpha = tl.math.exp2(m_run - m_use)
-        w = tl.math.exp2(m - m_use[:, None, :])
-        total = total * alpha + tl.sum(w * sums, 1)
-        acc = acc * alpha[:, :, None] + tl.sum(vals * w[:, :, :, None], 1)
-        m_run = m_new
-    o = acc / tl.where(total == 0.0, 1.0, total)[:, :, None]
-    return tl.reshape(o, (BLOCK_M, BLOCK_K)).to(dtype)
 
 
 @triton.jit
@@ -313,7 +263,6 @@ def _gemv_kernel(
     stride_os,
     stride_om,
     rope,  # the "rope_kv_store" epilogue's operands (a RopeArgs), else unused placeholders
-    combine,  # the "attention_combine" prologue's operands (a CombineArgs), else placeholders
     HAS_BIAS: tl.constexpr,
     PROLOGUE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -326,16 +275,13 @@ def _gemv_kernel(
     NORM_BLOCK: tl.constexpr = 1024,
     EPILOGUE: tl.constexpr = "none",
     HEAD_DIM: tl.constexpr = 2,
-    SPLIT_CHUNK: tl.constexpr = 1,
 ):
     """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split.
 
     ``PROLOGUE`` fuses the op that produced x into the load of each x chunk, so its output never
     goes through memory: ``"add_rms_norm"`` (x + a, normalized by the whole row's rms and scaled by
     ``norm``; the programs of the first output block also store x + a to ``sum``), rounded to x's
-    dtype exactly as the unfused op's output; ``"attention_combine"`` (x itself is not read: each
-    chunk is the attention output that ``_decode_combine_kernel`` would write, computed from the
-    decode split kernel's partials, ``_combine_splits``; BLOCK_K a multiple of HEAD_DIM).
+    dtype exactly as the unfused op's output.
     ``EPILOGUE="silu_mul"`` (no split, no bias): the weight has 2N rows, gate rows then up rows;
     a program streams the gate and up rows of BLOCK_N / 2 outputs, interleaved, rounds both sums
     to the output dtype as ``linear`` would, and stores silu(gate) * up.
@@ -391,17 +337,16 @@ def _gemv_kernel(
         one_chunk_masked: tl.constexpr = not EVEN_K
         acc = _gemv_chunk(
             acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
-            K, K, eps, combine, 0, PROLOGUE, one_chunk_masked, BLOCK_M, ONE_STEP, HEAD_DIM, SPLIT_CHUNK,
+            K, K, eps, PROLOGUE, one_chunk_masked, BLOCK_M, ONE_STEP,
         )  # fmt: skip
     else:
         # Whole BLOCK_K chunks without masks (masked loads lose their 16-byte vectors), then the
         # tail. tl.range pipelines these loads (num_stages only pipelines loads into tl.dot).
         k_full = k_len // BLOCK_K * BLOCK_K
-        for k_at in tl.range(0, k_full, BLOCK_K, num_stages=NUM_STAGES):
+        for _ in tl.range(0, k_full, BLOCK_K, num_stages=NUM_STAGES):
             acc = _gemv_chunk(
                 acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
-                BLOCK_K, K, eps, combine, k_start + k_at, PROLOGUE, False, BLOCK_M, ONE_STEP, HEAD_DIM,
-                SPLIT_CHUNK,
+                BLOCK_K, K, eps, PROLOGUE, False, BLOCK_M, ONE_STEP,
             )  # fmt: skip
             x_ptrs += BLOCK_K * stride_xk
             w_ptrs += BLOCK_K * stride_wk
@@ -411,8 +356,7 @@ def _gemv_kernel(
         if k_full < k_len:
             acc = _gemv_chunk(
                 acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
-                k_len - k_full, K, eps, combine, k_start + k_full, PROLOGUE, True, BLOCK_M, ONE_STEP,
-                HEAD_DIM, SPLIT_CHUNK,
+                k_len - k_full, K, eps, PROLOGUE, True, BLOCK_M, ONE_STEP,
             )  # fmt: skip
     pdl.release(PDL)  # after the stream, not before: see ops.pdl
     if BLOCK_M == 1:
@@ -659,8 +603,7 @@ class Prologue:
     """An op the gemv kernel applies to each chunk of x as it loads it (see ``_gemv_kernel``).
 
     ``kind`` is ``"add_rms_norm"``: ``other`` is the residual (x's shape), ``total`` receives
-    x + residual. ``"attention_combine"``: ``combine`` holds the partials x is combined from (x
-    itself is a placeholder giving M, K and the dtype; ``other`` is x).
+    x + residual.
     """
 
     kind: str
@@ -668,7 +611,6 @@ class Prologue:
     norm_weight: torch.Tensor | None = None
     eps: float = 0.0
     total: torch.Tensor | None = None
-    combine: CombineArgs | None = None
 
 
 class RopeArgs(NamedTuple):
@@ -705,29 +647,9 @@ class RopeArgs(NamedTuple):
         )  # fmt: skip
 
 
-class CombineArgs(NamedTuple):
-    """The ``"attention_combine"`` prologue's operands, passed to the kernel as one tuple argument:
-    the decode split kernel's fp32 partials for the GEMM's rows (tokens) ``M``, ``acc``
-    ``[M, q_heads, splits, D]``, ``max`` and ``sum`` ``[M, q_heads, splits]``, contiguous (an
-    ``ops.attention.DecodeScratch``); K is ``q_heads * D``."""
-
-    acc: torch.Tensor
-    max: torch.Tensor
-    sum: torch.Tensor
-    splits: int
-    q_heads: int
-
-
 def _no_rope(x: torch.Tensor) -> RopeArgs:
     """The kernel's ``rope`` argument where the epilogue is not RoPE: placeholders, never read."""
     return RopeArgs(x, x, x, x, x, 0, 0, 0, 0, 1, 1, 1, 1)
-
-
-def _head_dim(rope: RopeArgs | None, combine: CombineArgs | None) -> int:
-    """The kernel's HEAD_DIM: the caches' for the RoPE epilogue, the partials' for the combine."""
-    if rope is not None:
-        return rope.k_cache.shape[3]
-    return combine.acc.shape[-1] if combine is not None else 2
 
 
 def workspace(split: int, m: int, n: int, device: torch.device) -> torch.Tensor:
@@ -873,15 +795,13 @@ def run(
             weight.stride(1),
             *out_strides,
             rope or _no_rope(x),
-            p.combine or CombineArgs(x, x, x, 1, 1),
             HAS_BIAS=fused_bias,
             PROLOGUE=p.kind,
             ONE_STEP=split == 1 and k <= block_k,
             EVEN_K=k % block_k == 0,
             NORM_BLOCK=min(triton.next_power_of_2(k), MAX_NORM_BLOCK),
             EPILOGUE=epilogue,
-            HEAD_DIM=_head_dim(rope, p.combine),
-            SPLIT_CHUNK=min(MAX_SPLIT_CHUNK, triton.next_power_of_2(p.combine.splits)) if p.combine else 1,
+            HEAD_DIM=rope.k_cache.shape[3] if rope is not None else 2,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             BLOCK_K=block_k,

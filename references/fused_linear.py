@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from references.attention import attention
 from references.elementwise import add, silu_mul
 from references.gemm import linear
 from references.norm import rms_norm
@@ -61,16 +60,3 @@ def add_rms_norm_linear_rope_kv_store(
     q_heads = heads.shape[2] - 2 * kv_heads
     k, v = heads[:, :, q_heads : q_heads + kv_heads], heads[:, :, q_heads + kv_heads :]
     return rope_kv_store(heads[:, :, :q_heads], k, v, cos, sin, k_cache, v_cache, start_pos), total
-
-
-def attention_linear(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    a = attention(q, k_cache, v_cache, seq_lens, scale)
-    return linear(rounded(a, q.dtype).reshape(-1, weight.shape[1]), weight, bias)

@@ -200,13 +200,6 @@ def run_ops(recorders: list[Recorder]) -> None:
         label(f"article {'decode' if tokens == 1 else 'prefill'} attention, cache 4096")
         q = torch.empty(1, tokens, 8, 128, dtype=torch.bfloat16)
         attention.attention(q, cache, cache, torch.full((1,), 4096, dtype=torch.int32), 128**-0.5)
-    for capacity in (385, 4096):  # decode attention with o_proj combining its splits
-        label(f"article decode attention + o_proj, cache {capacity}")
-        cache = torch.empty(1, capacity, 2, 128, dtype=torch.bfloat16)
-        q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
-        lens = torch.full((1,), capacity, dtype=torch.int32)
-        w = torch.empty(1024, 1024, dtype=q.dtype)
-        fused_linear.attention_linear(q, cache, cache, lens, 128**-0.5, w)
 
 
 def main(argv: list[str] | None = None) -> int:

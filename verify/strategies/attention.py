@@ -23,7 +23,7 @@ LENS = ("same", "ragged", "past_capacity")
 GARBAGE = 100.0  # magnitude of cache rows past seq_len: a kernel that reads them is far off
 
 
-def budget(limits: Limits) -> int:
+def _budget(limits: Limits) -> int:
     """Most score elements ``B * Hq * S * L`` per case: the fp64 oracle holds several such
     tensors, and the interpreter's time grows with them (6400 there, 17.6M on a GPU)."""
     return 4 * limits.seq**2
@@ -31,15 +31,15 @@ def budget(limits: Limits) -> int:
 
 @st.composite
 def _attention_params(draw: st.DrawFn, limits: Limits, decode_only: bool) -> dict:
-    most = budget(limits)
+    budget = _budget(limits)
     group = draw(st.sampled_from(GROUPS))
-    max_s = min(limits.seq, math.isqrt(most // group))
+    max_s = min(limits.seq, math.isqrt(budget // group))
     if decode_only:
         max_s = min(max_s, DECODE_MAX_ROWS // group)
     s = draw(size(max_s, AWKWARD))
-    kv_heads = draw(st.integers(1, max(1, min(limits.heads // group, most // (group * s * s)))))
-    b = draw(size(max(1, min(limits.batch, most // (group * kv_heads * s * s))), AWKWARD))
-    room = most // (b * group * kv_heads * s) - s  # cache rows before the new ones the budget allows
+    kv_heads = draw(st.integers(1, max(1, min(limits.heads // group, budget // (group * s * s)))))
+    b = draw(size(max(1, min(limits.batch, budget // (group * kv_heads * s * s))), AWKWARD))
+    room = budget // (b * group * kv_heads * s) - s  # cache rows before the new ones the budget allows
     past_cap = max(0, min(limits.seq, room))
     past = draw(st.one_of(st.just(0), size(past_cap, AWKWARD, low=0)))
     return {
@@ -139,7 +139,7 @@ def _labels(params: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
-def example(
+def _example(
     name: str,
     b: int,
     kv_heads: int,
@@ -169,24 +169,24 @@ def example(
 
 
 ATTENTION_EXAMPLES = (
-    example("typical: batch 2, 4/2 heads, 5 new after 11, ragged", 2, 2, 2, 32, 5, 11, 3,
+    _example("typical: batch 2, 4/2 heads, 5 new after 11, ragged", 2, 2, 2, 32, 5, 11, 3,
              lens="ragged", q_offset=1, gpu=False),
-    example("prefill S=129 (block tail), head_dim 16", 1, 1, 1, 16, 129, 0, 0, gpu=False),
-    example("decode, 7-way GQA, head_dim 64, ragged", 2, 2, 7, 64, 1, 90, 6, lens="ragged", gpu=False),
-    example("chunked prefill, large scores", 1, 1, 4, 32, 20, 10, 2, scores="large", gpu=False),
-    example("article prefill S=256", 1, 2, 4, 128, 256, 0, 0, q_offset=2),
-    example("article prefill S=1024", 1, 2, 4, 128, 1024, 0, 0, q_offset=2),
-    example("article prefill S=2048", 1, 2, 4, 128, 2048, 0, 0, q_offset=2),
-    example("article decode, cache 4096", 1, 2, 4, 128, 1, 4000, 95, q_offset=2),
-    example("article decode, cache 32768, batch 1", 1, 2, 4, 128, 1, 32700, 67, q_offset=2),
-    example("article chunked prefill 256 after 768", 1, 2, 4, 128, 256, 768, 0, q_offset=2),
-    example("article 4 speculative tokens, batch 4 ragged", 4, 2, 4, 128, 4, 2000, 44, lens="ragged"),
-    example("qwen3-0.6b prefill 16/8, batch 2 ragged", 2, 8, 2, 128, 300, 200, 12, lens="ragged"),
-    example("qwen3-0.6b decode 16/8, batch 4 ragged", 4, 8, 2, 128, 1, 2047, 1, lens="ragged"),
-    example("qwen2.5-0.5b prefill 14/2, head_dim 64", 1, 2, 7, 64, 333, 0, 5),
-    example("qwen2.5-0.5b decode 14/2, batch 3 ragged", 3, 2, 7, 64, 1, 3000, 17, lens="ragged"),
-    example("head_dim 256 prefill, large scores", 1, 1, 8, 256, 300, 100, 0, scores="large"),
-    example("decode, all scores very negative", 2, 2, 4, 128, 1, 1500, 3, scores="very_negative"),
+    _example("prefill S=129 (block tail), head_dim 16", 1, 1, 1, 16, 129, 0, 0, gpu=False),
+    _example("decode, 7-way GQA, head_dim 64, ragged", 2, 2, 7, 64, 1, 90, 6, lens="ragged", gpu=False),
+    _example("chunked prefill, large scores", 1, 1, 4, 32, 20, 10, 2, scores="large", gpu=False),
+    _example("article prefill S=256", 1, 2, 4, 128, 256, 0, 0, q_offset=2),
+    _example("article prefill S=1024", 1, 2, 4, 128, 1024, 0, 0, q_offset=2),
+    _example("article prefill S=2048", 1, 2, 4, 128, 2048, 0, 0, q_offset=2),
+    _example("article decode, cache 4096", 1, 2, 4, 128, 1, 4000, 95, q_offset=2),
+    _example("article decode, cache 32768, batch 1", 1, 2, 4, 128, 1, 32700, 67, q_offset=2),
+    _example("article chunked prefill 256 after 768", 1, 2, 4, 128, 256, 768, 0, q_offset=2),
+    _example("article 4 speculative tokens, batch 4 ragged", 4, 2, 4, 128, 4, 2000, 44, lens="ragged"),
+    _example("qwen3-0.6b prefill 16/8, batch 2 ragged", 2, 8, 2, 128, 300, 200, 12, lens="ragged"),
+    _example("qwen3-0.6b decode 16/8, batch 4 ragged", 4, 8, 2, 128, 1, 2047, 1, lens="ragged"),
+    _example("qwen2.5-0.5b prefill 14/2, head_dim 64", 1, 2, 7, 64, 333, 0, 5),
+    _example("qwen2.5-0.5b decode 14/2, batch 3 ragged", 3, 2, 7, 64, 1, 3000, 17, lens="ragged"),
+    _example("head_dim 256 prefill, large scores", 1, 1, 8, 256, 300, 100, 0, scores="large"),
+    _example("decode, all scores very negative", 2, 2, 4, 128, 1, 1500, 3, scores="very_negative"),
 )  # fmt: skip
 ATTENTION_DECODE_EXAMPLES = tuple(e for e in ATTENTION_EXAMPLES if e["s"] * e["group"] <= DECODE_MAX_ROWS)
 

@@ -1,23 +1,17 @@
-"""Cases for the fused projections. ``add_rms_norm_linear`` and ``add_rms_norm_linear_silu_mul``:
-the GEMM cases (M = 1/2/3 on the fused gemv path, larger M on the composed path, N and K tails,
-weight views, bias) with the fused op's own inputs as the model passes them: x and the residual
-as row views, the gate/up weight as one [2N, K] matrix (or a row slice of a wider one), norm
-weights of ones or near-ones, eps. ``add_rms_norm_linear_rope_kv_store``: the same with QKV
-heads, RoPE tables and caches. ``attention_linear``: the attention cases (mostly decode shapes,
-where the op fuses) with an output projection of any N and weight layout."""
+"""Cases for ``add_rms_norm_linear`` and ``add_rms_norm_linear_silu_mul``: the GEMM cases
+(M = 1/2/3 on the fused gemv path, larger M on the composed path, N and K tails, weight views,
+bias) with the fused op's own inputs as the model passes them: x and the residual as row
+views, the gate/up weight as one [2N, K] matrix (or a row slice of a wider one), norm
+weights of ones or near-ones, eps."""
 
 from __future__ import annotations
 
 import torch
 from hypothesis import strategies as st
 
-from ops import attention as ops_attention
-from ops import gemm
-from ops.fused_linear import combines_in_projection
 from references.rope import rope_cos_sin
 from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
 from verify.limits import Limits
-from verify.strategies import attention as s_attention
 from verify.strategies.common import Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
 from verify.strategies.kv_cache import _starts
@@ -308,85 +302,4 @@ ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_INVALID = (
     Invalid("v_cache of another shape", "v_cache", replace("v_cache", lambda c: c[:, :-1])),
     Invalid("start_pos as int64", "start_pos", replace("start_pos", lambda p: p.long()), TypeError),
     Invalid("3-d x", "x", replace("x", lambda x: x[None])),
-)
-
-
-# ---- attention_linear: decode attention with the output projection -----------------------------
-
-
-@st.composite
-def _split_decode(draw: st.DrawFn, limits: Limits) -> dict:
-    """A decode step over a cache of several splits even on the interpreter (its decode tiles are
-    16 rows, 4 programs in all): 1..4 tokens of one or two (batch row, kv head) pairs."""
-    shape = draw(s_attention.attention_decode_params(limits))
-    b = min(shape["b"], 2)
-    kv_heads = 1 if b == 2 else min(shape["kv_heads"], 2)
-    s = max(1, min(shape["s"], gemm.GEMV_MAX_M // b))
-    room = s_attention.budget(limits) // (b * kv_heads * shape["group"] * s) - s
-    past = draw(st.integers(17, max(17, min(room, 4 * limits.seq))))
-    return {**shape, "b": b, "kv_heads": kv_heads, "s": s, "past": past}
-
-
-def attention_linear_params(limits: Limits) -> st.SearchStrategy[dict]:
-    """Attention shapes, two thirds of them decode steps and most of those over several splits
-    (where the op fuses), and the projection's N."""
-    decode = s_attention.attention_decode_params(limits)
-    shapes = st.one_of(_split_decode(limits), decode, s_attention.attention_params(limits))
-    projection = st.fixed_dictionaries(
-        {"n": size(limits.gemm, AWKWARD), "bias": st.booleans(), "w_layout": st.sampled_from(W_LAYOUTS)}
-    )
-    return st.builds(lambda shape, proj: {**shape, **proj}, shapes, projection)
-
-
-def attention_linear_build(params: dict, device: torch.device) -> Case:
-    case = s_attention.attention_build(params, device)
-    q, k_cache = case.args[0], case.args[1]
-    gen = generator({**params, "seed": params["seed"] + 1}, device)  # not q's random stream
-    weight = weight_tensor({**params, "k": q.shape[2] * q.shape[3]}, gen, device)
-    bias = values((params["n"],), q.dtype, "normal", gen, device) if params["bias"] else None
-    config = ops_attention.decode_config(q.shape[3], q.dtype, k_cache.shape[1])
-    splits, _ = ops_attention.decode_splits(q.shape[0], k_cache.shape[2], k_cache.shape[1], config)
-    fused = combines_in_projection(tuple(q.shape), k_cache.shape[2], splits)
-    labels = (
-        *case.labels,
-        *labels_for(params, N=params["n"])[1:],
-        "fused: the splits combined in the projection" if fused else "composed",
-        *(["more splits than one combine chunk"] if fused and splits > gemm.MAX_SPLIT_CHUNK else []),
-        f"weight {params['w_layout']}",
-        "bias" if params["bias"] else "no bias",
-    )
-    return Case(params, (*case.args, weight, bias), labels=labels)
-
-
-def _attention_linear_example(name: str, n: int, *attention: object, **extra: object) -> dict:
-    example = s_attention.example(name, *attention, **extra)
-    return {"n": n, "bias": False, "w_layout": "contiguous", **example}
-
-
-ATTENTION_LINEAR_EXAMPLES = (
-    _attention_linear_example("typical: batch 2 decode, 4/2 heads x 32, ragged, N=40, bias", 40,
-                              2, 2, 2, 32, 1, 40, 3, lens="ragged", bias=True, gpu=False),
-    _attention_linear_example("article decode, cache 385 (the benchmark's step)", 1024,
-                              1, 2, 4, 128, 1, 300, 84),
-    _attention_linear_example("article decode, cache 4096", 1024, 1, 2, 4, 128, 1, 4000, 95, q_offset=2),
-    _attention_linear_example("article 4 speculative tokens (M=4), ragged", 1024,
-                              1, 2, 4, 128, 4, 2000, 44, lens="ragged"),
-    _attention_linear_example("article batch 4 decode, ragged", 1024,
-                              4, 2, 4, 128, 1, 1000, 24, lens="ragged"),
-    _attention_linear_example("qwen3-0.6b decode 16/8 (K=2048: two K chunks)", 1024,
-                              1, 8, 2, 128, 1, 1500, 47),
-    _attention_linear_example("qwen2.5-0.5b decode 14/2 x 64 (K=896)", 896, 1, 2, 7, 64, 1, 700, 23),
-    _attention_linear_example("article prefill S=256 (composed)", 1024, 1, 2, 4, 128, 256, 0, 0),
-    _attention_linear_example("decode, large scores, weight column slice", 64,
-                              1, 1, 4, 64, 1, 70, 5, scores="large", w_layout="column_slice", gpu=False),
-    _attention_linear_example("chunked prefill 3 after 20, fp32, transposed weight", 33,
-                              1, 1, 2, 16, 3, 20, 2, dtype="float32", w_layout="transposed", gpu=False),
-)  # fmt: skip
-
-ATTENTION_LINEAR_INVALID = (
-    *s_attention.ATTENTION_INVALID,
-    Invalid("weight K differs from Hq * D", "weight", replace("weight", lambda w: w[:, :-1])),
-    Invalid("weight given as [K, N]", "weight", replace("weight", lambda w: w.T.contiguous())),
-    Invalid("weight dtype differs from q", "weight", replace("weight", lambda w: w.float()), TypeError),
-    Invalid("bias of the wrong length", "bias", replace("bias", lambda b: b[:-1])),
 )
