@@ -193,22 +193,11 @@ def _gemv_prologue(
 
 
 @triton.jit
-def _rope_kv_store_epilogue(
-    acc, offs_m, pairs, M, N, q_ptr, rope,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """``rope_kv_store`` (no qk-norm) on the QKV gemv's sums: pair p holds rows d and d + HEAD_DIM/2
-    of head p // (HEAD_DIM/2), each sum rounded as ``linear`` rounds it; q and k pairs are rotated
-    by token m's (cos, sin) of d as ``ops.rope`` rotates, in fp32 and rounded once; q goes to row m
-    of ``q_ptr`` ``[M, HQ * HEAD_DIM]``, k and v to cache row ``start_pos[b] + s`` (token
-    m = b * S + s) when it lies in ``0 .. L - 1``."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    dtype = q_ptr.dtype.element_ty
-    x1, x2 = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
-    x1 = x1.to(dtype).to(tl.float32)
-    x2 = x2.to(dtype).to(tl.float32)
-    head = pairs // HALF
-    d = pairs % HALF
+def _rope_tables(offs_m, pairs, M, N, rope, HEAD_DIM: tl.constexpr):
+    """What the ``rope_kv_store`` epilogue reads besides the sums: token m's (cos, sin) of each
+    pair's d, and its cache row ``start_pos[b] + s``. Loaded before the weight stream, so their
+    round trip to L2 overlaps it instead of following it."""
+    d = pairs % (HEAD_DIM // 2)
     m_ok = offs_m < M
     b = (offs_m // rope.seq).to(tl.int64)
     s = (offs_m % rope.seq).to(tl.int64)
@@ -217,6 +206,29 @@ def _rope_kv_store_epilogue(
     sin_offs = b[:, None] * rope.sin_stride_b + s[:, None] * rope.sin_stride_s + d[None, :]
     c = tl.load(rope.cos + cos_offs, mask=ok, other=0.0)
     sn = tl.load(rope.sin + sin_offs, mask=ok, other=0.0)
+    row = tl.load(rope.start_pos + b, mask=m_ok, other=0).to(tl.int64) + s
+    return c, sn, row
+
+
+@triton.jit
+def _rope_kv_store_epilogue(
+    acc, offs_m, pairs, M, N, q_ptr, rope, c, sn, row,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """``rope_kv_store`` (no qk-norm) on the QKV gemv's sums: pair p holds rows d and d + HEAD_DIM/2
+    of head p // (HEAD_DIM/2), each sum rounded as ``linear`` rounds it; q and k pairs are rotated
+    by token m's (cos, sin) of d (``c``, ``sn``) as ``ops.rope`` rotates, in fp32 and rounded once;
+    q goes to row m of ``q_ptr`` ``[M, HQ * HEAD_DIM]``, k and v to cache row ``row``
+    (``start_pos[b] + s`` for token m = b * S + s) when it lies in ``0 .. L - 1``."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dtype = q_ptr.dtype.element_ty
+    x1, x2 = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+    x1 = x1.to(dtype).to(tl.float32)
+    x2 = x2.to(dtype).to(tl.float32)
+    head = pairs // HALF
+    d = pairs % HALF
+    b = (offs_m // rope.seq).to(tl.int64)
+    ok = (offs_m < M)[:, None] & (pairs[None, :] < N)
     rotated = (head < rope.q_heads + rope.kv_heads)[None, :]  # q and k heads; v heads pass through
     y1 = tl.where(rotated, x1 * c - x2 * sn, x1).to(dtype)
     y2 = tl.where(rotated, x2 * c + x1 * sn, x2).to(dtype)
@@ -226,7 +238,6 @@ def _rope_kv_store_epilogue(
     tl.store(q_ptr + q_offs, y1, mask=is_q)
     tl.store(q_ptr + q_offs + HALF, y2, mask=is_q)
 
-    row = tl.load(rope.start_pos + b, mask=m_ok, other=0).to(tl.int64) + s
     in_cache = ok & ((row >= 0) & (row < rope.capacity))[:, None]
     kv_head = head - rope.q_heads
     is_v = kv_head >= rope.kv_heads
@@ -329,6 +340,10 @@ def _gemv_kernel(
         sum_ptrs = sum_ptr
         norm_ptrs = norm_ptr
 
+    if EPILOGUE == "rope_kv_store":
+        pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        rope_cos, rope_sin, rope_row = _rope_tables(offs_m, pairs, M, N, rope, HEAD_DIM)
+
     if BLOCK_M == 1:  # one row: accumulate elementwise, reduce over K once after the loop
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
@@ -367,8 +382,9 @@ def _gemv_kernel(
     elif HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     if EPILOGUE == "rope_kv_store":
-        pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        _rope_kv_store_epilogue(acc, offs_m, pairs, M, N, out_ptr, rope, HEAD_DIM, BLOCK_M, BLOCK_N)
+        _rope_kv_store_epilogue(
+            acc, offs_m, pairs, M, N, out_ptr, rope, rope_cos, rope_sin, rope_row, HEAD_DIM, BLOCK_M, BLOCK_N
+        )
         return
     if EPILOGUE == "silu_mul":  # silu_mul's math on the two sums, each rounded as linear's output
         gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
