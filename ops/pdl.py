@@ -14,7 +14,10 @@ streams); releasing the small kernels, or the GEMV, only at exit 0.98; an L2 pre
 GEMV's weight rows before its wait 0.936 (every line is then requested twice). Later (2026-11-30,
 one run, each variant twice): a one-step GEMV loading its weight chunk into registers before its
 wait 0.841 against 0.834 without (weights are read-only, so that would be allowed; it buys
-nothing), and releasing right after that load 1.225, so neither is done.
+nothing), and releasing right after that load 1.225, so neither is done. Again on 94f3bfb (one
+call, each twice): that preload in every one-step GEMV 0.729 against 0.694 without; with the
+o_proj GEMV (a fifth of a wave) also releasing at its start, so gate_up's programs are resident
+and loading while it streams, 0.724; and down releasing early too, 0.727.
 
 The contract every kernel launched with :func:`launch_options` keeps, in every program:
 
