@@ -23,8 +23,9 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
 
   Two variants measured slower in the article decode step on the H200 (2026-11-30, one run,
   each twice, ms/token): this design 0.899; requesting each split's first K/V block before
-  ``seq_len`` arrives 0.921 (again on 94f3bfb, a split being one 32-row tile: 0.718 vs 0.694); that plus the combine done by the last split program to finish
-  (an arrival counter instead of the second launch) 0.925. A split kernel that writes the
+  ``seq_len`` arrives 0.921 (again on 94f3bfb, a split being one 32-row tile: 0.718 vs
+  0.694); that plus the combine done by the last split program to finish (an arrival counter
+  instead of the second launch) 0.925. A split kernel that writes the
   output itself when the cache is a single split is kept (``DIRECT``: no combine launch).
   Combining the splits in the prologue of the o_proj gemv instead (every gemv program
   combines the whole attention row as it loads x; commit b9426ce) measured 0.903 ms/token
