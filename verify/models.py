@@ -60,14 +60,7 @@ def parse_injection(text: str) -> Injection:
 def apply_injections(model: Decoder, injections: list[Injection]) -> None:
     """``@all`` means every layer."""
     for inj in injections:
-        if inj.layers is None:
-            if inj.op not in model.layer_ops():
-                raise UsageError(
-                    f"--inject {inj.op}: no layer of this decoder calls it; it runs {describe_ops_of(model)}"
-                )
-            layers = list(range(model.config.num_layers))
-        else:
-            layers = list(inj.layers)
+        layers = list(range(model.config.num_layers)) if inj.layers is None else list(inj.layers)
         bad = [n for n in layers if not 0 <= n < model.config.num_layers]
         if bad:
             raise UsageError(
@@ -142,10 +135,7 @@ def decoder_fused(injections: list[Injection]) -> bool:
 
 
 def describe_ops(models: Models) -> str:
-    return describe_ops_of(models.triton)
-
-
-def describe_ops_of(model: Decoder) -> str:
+    model = models.triton
     if model.fused:
         called = set(model.layer_ops())
         return f"fused ops ({', '.join(op for op in FUSIONS if op in called)})"
