@@ -112,11 +112,12 @@ def norm_rope_row(
     x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0).to(tl.float32)
     rest = tl.load(x_row + j, mask=rest_mask, other=0.0).to(tl.float32)
     if HAS_NORM:  # rms_norm over the whole row (all three parts), rounded as the separate op rounds
-        sum_sq = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(rest * rest, axis=0)
-        inv_rms = 1.0 / tl.sqrt(sum_sq / D + eps)
+        # the scale is requested with the row, before the reduction, so the two trips overlap
         w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
         wr = tl.load(w_ptr + j, mask=rest_mask, other=0.0).to(tl.float32)
+        sum_sq = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(rest * rest, axis=0)
+        inv_rms = 1.0 / tl.sqrt(sum_sq / D + eps)
         x1 = (x1 * inv_rms * w1).to(dtype).to(tl.float32)
         x2 = (x2 * inv_rms * w2).to(dtype).to(tl.float32)
         rest = (rest * inv_rms * wr).to(dtype).to(tl.float32)

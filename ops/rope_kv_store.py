@@ -84,6 +84,9 @@ def _rope_kv_store_kernel(
     else:  # a kv head: rotated k and plain v into cache row start_pos[b] + s, if it exists
         kvh = (head - HQ).to(tl.int64)
         row = tl.load(start_ptr + b).to(tl.int64) + s
+        # v is requested with the cache row, not after k's math: its read is in bounds either way
+        d = tl.arange(0, BLOCK_D)
+        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d < D)
         in_cache = (row < L) & (row >= 0)
         k_row = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
         y1, y2, rest = norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
@@ -91,10 +94,7 @@ def _rope_kv_store_kernel(
         tl.store(kc_ptr + dst + i, y1, mask=mask & in_cache)
         tl.store(kc_ptr + dst + HALF + i, y2, mask=mask & in_cache)
         tl.store(kc_ptr + dst + j, rest, mask=rest_mask & in_cache)
-        d = tl.arange(0, BLOCK_D)
-        d_mask = (d < D) & in_cache
-        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d_mask)
-        tl.store(vc_ptr + dst + d, v, mask=d_mask)
+        tl.store(vc_ptr + dst + d, v, mask=(d < D) & in_cache)
 
 
 def rope_kv_store(
