@@ -513,9 +513,9 @@ def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> Ge
 
 
 # (M bucket, N, K) -> config for every projection of the article config, Qwen3-0.6B and
-# Qwen2.5-0.5B, decode (M=1) and prefill (M=256).
-# BEST GUESSES for the H200 (132 SMs, ~4.3 TB/s, ~790 TFLOP/s bf16), not measured yet: to be
-# replaced by the table `python -m verify.bench gemm --sweep --preset all` prints.
+# Qwen2.5-0.5B, decode (M=1) and prefill (M=256), each picked by measurement on the H200 (the
+# comments below say how). Shapes it does not list get ``default_config``'s guesses, made
+# before any measurement (132 SMs, ~4.3 TB/s, ~790 TFLOP/s bf16):
 # Decode guesses: K <= 1024 is read in one BLOCK_K step with plain 16-byte loads (num_stages=1:
 # nothing to pipeline), so all of a program's weight bytes are in flight at once; small N gets
 # BLOCK_N=4 (N=1024 -> 256 programs, ~2 per SM); long K loops with cp.async pipelining
@@ -543,7 +543,11 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # timings each, 0.856 ms/token vs 0.944 with the pipelined one (H200, 2026-11-30)
     (1, 9728, 1024): _gemv(8, 1024, 1, 4, 1),  # gate_up_proj
     (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
-    (1, 1024, 4864): _gemv(2, 512, 1, 4, 4),  # down_proj 5.98 us, cuBLAS 8.17 us
+    # down at 2 warps, 256-wide chunks 8 deep (K = 4864 and 3072 are whole chunks: no masked tail
+    # step), against the n2/n8 k512 w4 s4 and n4 k512 w4 s3 before it, in the decode step (H200,
+    # 2026-11-30): article 0.681 and 0.682 vs 0.693 and 0.694 ms/token (against a copy, same
+    # call); in one process Qwen2.5 shape 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740
+    (1, 1024, 4864): _gemv(2, 256, 1, 2, 8),  # down_proj
     (256, 1024, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
     (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
     (256, 151936, 1024): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
@@ -554,7 +558,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (256, 1024, 2048): _tiled(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
     (1, 6144, 1024): _gemv(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.813 vs 0.870 ms/token
     (256, 6144, 1024): _tiled(128, 128, 64, 1, 4, 4),  # gate_up_proj 9.61 us, cuBLAS 7.88 us
-    (1, 1024, 3072): _gemv(4, 512, 1, 4, 3),  # down_proj 4.68 us, cuBLAS 7.51 us
+    (1, 1024, 3072): _gemv(2, 256, 1, 2, 8),  # down_proj
     (256, 1024, 3072): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 9.50 us, cuBLAS 7.85 us
     # Qwen2.5-0.5B: hidden 896, heads 14/2 x 64, intermediate 4864, QKV bias
     (1, 1152, 896): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.06 us, cuBLAS 4.51 us
@@ -563,7 +567,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (256, 896, 896): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
     (1, 9728, 896): _gemv(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.699 vs 0.798 ms/token
     (256, 9728, 896): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us
-    (1, 896, 4864): _gemv(8, 512, 1, 4, 4),  # down_proj 6.04 us, cuBLAS 8.02 us
+    (1, 896, 4864): _gemv(2, 256, 1, 2, 8),  # down_proj
     (256, 896, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.47 us, cuBLAS 10.45 us
     (1, 151936, 896): _gemv(32, 256, 1, 4, 4),  # lm_head 71.47 us, cuBLAS 68.62 us
     (256, 151936, 896): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 133.55 us, cuBLAS 106.37 us
