@@ -374,7 +374,8 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
 
     The tile rows follow measurements at head_dim 128 on the H200 (2026-11-30, same-call
     comparisons). 32 rows for short caches: in the article decode step (385 rows) 0.722 ms/token
-    against 0.744 for 64 rows (0.807 with 4-8 blocks a split). 64 rows from 513 to 8192 rows
+    against 0.744 for 64 rows (0.807 with 4-8 blocks a split); 16 rows lost twice (0.727 vs 0.722,
+    later 0.698 vs 0.694). 64 rows from 513 to 8192 rows
     (``verify.bench attention``, 32 rows against 64: cache 1024 6.92 vs 4.69 us, 4096 9.60 vs
     7.60). 32 rows past that, where every split walks several tiles anyway (16384: 13.58 vs
     15.04 us, 32768: 17.14 vs 19.10).
