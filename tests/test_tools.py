@@ -3,6 +3,7 @@ bugs are found at the layer and op where they were planted, bad usage exits 2.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -107,7 +108,15 @@ def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
             ("--inject", "rms_norm=tests/buggy_ops.py:rms_norm_wrong_eps@9"),
             "layer 9 is out of range",
         ),
-        ("verify.bisect", ("--inject", "rms_norm=tests/missing.py:f@1"), "no file"),
+        (
+            "verify.bisect",
+            ("--inject", "rms_norm=tests/missing.py:f@1"),
+            "--inject rms_norm=tests/missing.py:f: no file",
+        ),
+        ("verify.e2e", ("--inject", "embedding=references.embedding:embedding@1"), "runs outside the layers"),
+        ("verify.e2e", ("--json", "/no/such/dir/e2e.json"), "--json /no/such/dir/e2e.json: no directory"),
+        ("verify.bisect", ("--json", "README.md/x.json"), "no directory README.md"),
+        ("verify.bisect", ("--repro-dir", "README.md/repros"), "README.md exists and is not a directory"),
         ("verify.bisect", ("--inject", "rms_norm@1"), "expected OP=IMPL@LAYERS"),
         ("verify.bisect", ("--model", "/no/such/dir"), "no such directory"),
         ("verify.e2e", ("--model", "/no/such/dir"), "no such directory"),
@@ -123,6 +132,25 @@ def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> 
     run = cli(module, *args)
     assert run.returncode == 2, run.stdout + run.stderr
     assert message in run.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")
+def test_bisect_plot_without_matplotlib_exits_2_before_the_run() -> None:
+    run = cli("verify.bisect", "--plot", "errors.png")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--plot errors.png: needs matplotlib" in run.stderr
+
+
+@pytest.mark.parametrize("module", ["verify.e2e", "verify.bisect"])
+def test_an_injected_implementation_that_raises_is_a_divergence(module: str) -> None:
+    """It fails as the implementation under test (exit 1, as verify.op), named, without a traceback."""
+    if module == "verify.bisect":
+        run = cli(module, "--inject", "rms_norm=torch:add@1", "--prompt-len", "4", "--decode-steps", "0")
+    else:
+        run = cli(module, "--inject", "rms_norm=torch:add@1", "--new-tokens", "1", "--against", "reference")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES: the injected rms_norm (torch:add) raised TypeError" in run.stdout
+    assert "Traceback" not in run.stderr
 
 
 def test_profile_shares_split_the_union_of_kernel_spans() -> None:

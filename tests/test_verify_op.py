@@ -65,11 +65,39 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
         (("rms_norm", "--impl", "tests/missing.py:fn"), "no file"),
         (("rms_norm", "--impl", "references.norm:nope"), "no callable"),
         (("rms_norm", "--impl", "references.elementwise:add"), "does not match the rms_norm signature"),
-        (("rms_norm", "--impl", "just_a_name"), "expected MODULE:FN"),
-        (("rms_norm", "--case", "{not json"), "not a valid rms_norm case"),
+        (("rms_norm", "--impl", "just_a_name"), "is not MODULE:FN or FILE.py:FN"),
+        (("rms_norm", "--case", "{not json"), "--case: not JSON"),
+        (("rms_norm", "--case", "[1, 2]"), "--case: expected a JSON object of rms_norm fields"),
+        (("rms_norm", "--case", "{}"), "--case: no field 'lead'; a rms_norm case has"),
+        (("rms_norm", "--case", '{"lead": [2], "n": 8, "dtype": "int8"}'), "dtype 'int8': expected one of"),
+        (("rms_norm", "--case", "{}", "--inputs", "x.pt"), "not allowed with argument --case"),
+        (("rms_norm", "--examples", "0"), "--examples: expected at least 1"),
+        (("rms_norm", "--json", "/no/such/dir/out.json"), "--json /no/such/dir/out.json: no directory"),
+        (("rms_norm", "--inputs", "/no/such/inputs.pt"), "--inputs /no/such/inputs.pt"),
     ],
 )
 def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
     run = verify_op(*args)
     assert run.returncode == 2, run.stdout + run.stderr
     assert message in run.stderr
+
+
+def test_inputs_that_are_not_a_recording_for_this_op_exit_2(tmp_path: Path) -> None:
+    """verify.bisect saves ``{"op", "args"}``: another op's recording, or any other file, is a usage
+    error (exit 2), not a divergence of the registered kernel."""
+    import torch
+
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a tensor file")
+    other = tmp_path / "other.pt"
+    torch.save({"op": "kv_cache_store", "args": (torch.zeros(2),)}, other)
+    arity = tmp_path / "arity.pt"
+    torch.save({"op": "rms_norm", "args": (torch.zeros(2),)}, arity)
+    for path, message in (
+        (junk, "not inputs saved by verify.bisect"),
+        (other, "recorded for kv_cache_store, not rms_norm"),
+        (arity, "the arguments do not fit rms_norm"),
+    ):
+        run = verify_op("rms_norm", "--inputs", str(path))
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert message in run.stderr

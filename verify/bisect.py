@@ -15,7 +15,7 @@ Exit 0: no divergence; 1: a divergence was found; 2: bad usage or input.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import os
 import sys
 import tempfile
@@ -166,10 +166,8 @@ def check_recorded_ops(
         result = check(spec, case, impl, impl_specs.get((call.op, layer)))
         shapes = describe_inputs(case)
         if not result.passed:
-            torch.save(
-                tuple(clone_preserving_layout(a, "cpu") if isinstance(a, torch.Tensor) else a for a in args),
-                file,
-            )
+            on_cpu = tuple(clone_preserving_layout(a, "cpu") if torch.is_tensor(a) else a for a in args)
+            torch.save({"op": call.op, "args": on_cpu}, file)
         worst = next((o for o in result.outputs if not o.passed), None)
         detail = result.error or (
             worst.reason if worst else "; ".join(o.reason for o in result.outputs if o.reason)
@@ -322,13 +320,11 @@ def print_drill(ops: list[OpResult]) -> None:
 
 
 def plot(report: Report, path: str) -> str:
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: no plot"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rows = [r for r in report.layers if r.step == 0]
     xs = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -346,16 +342,55 @@ def plot(report: Report, path: str) -> str:
     return f"plot written to {path}"
 
 
+def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: dict, report, device) -> None:
+    """Prefill, then each decode step: compare every layer; at the first failing one, drill into its ops."""
+    started = time.monotonic()
+    ids = _prompt(args.model, args.prompt_len, models.config.vocab_size, device)
+    start = torch.zeros(1, dtype=torch.int32, device=device)
+    for step in range(args.decode_steps + 1):
+        label = "prefill" if step == 0 else f"decode step {step} (position {int(start)})"
+        trace = trace_reference(models.reference, ids, start)
+        free_streams, free_logits = free_run(free, ids, start)
+        results = compare_step(
+            step, trace, free_streams, free_logits, models.triton, lowp, factor, save_dir, impl_specs
+        )
+        report.steps.append(label)
+        report.layers += results
+        print_step(results, f"{label}: {time.monotonic() - started:.1f}s")
+        failed = next((r for r in results if not r.passed), None)
+        if failed is not None:
+            report.first = failed
+            layer = {EMBED: -1, HEAD: -1}.get(failed.layer)
+            layer = int(failed.layer) if layer is None else layer
+            ops = check_recorded_ops(trace, layer, models.triton, save_dir, step, impl_specs)
+            if failed.layer == EMBED:
+                ops = [r for r in ops if r.op in ("embedding", "rope_cos_sin")]
+            elif failed.layer == HEAD:
+                ops = [r for r in ops if r.point in ("final_norm", "lm_head")]
+            report.drill = ops
+            report.culprit = next((r for r in ops if not r.passed), None)
+            break
+        next_token = torch.argmax(trace.logits, dim=-1)
+        start = start + ids.shape[1]
+        ids = next_token[:, None]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from model import reference, triton_model
     from ops import backend
+    from verify import cli
     from verify import models as model_loading
     from verify.tolerances import setting
 
     try:
         if args.prompt_len < 1 or args.decode_steps < 0:
             raise model_loading.UsageError("--prompt-len must be >= 1 and --decode-steps >= 0")
+        cli.check_output_file("--json", args.json)
+        cli.check_output_file("--plot", args.plot)
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            raise model_loading.UsageError(f"--plot {args.plot}: needs matplotlib, which is not installed")
+        cli.check_output_dir("--repro-dir", args.repro_dir)
         injections = [model_loading.parse_injection(t) for t in args.inject]
         device = backend.device()
         max_seq = args.prompt_len + args.decode_steps
@@ -385,36 +420,15 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  injected: {inj.op} = {inj.impl_spec} in layers {'all' if inj.layers is None else inj.layers}"
         )
-    started = time.monotonic()
-    ids = _prompt(args.model, args.prompt_len, models.config.vocab_size, device)
-    start = torch.zeros(1, dtype=torch.int32, device=device)
-    with torch.no_grad():
-        for step in range(args.decode_steps + 1):
-            label = "prefill" if step == 0 else f"decode step {step} (position {int(start)})"
-            trace = trace_reference(models.reference, ids, start)
-            free_streams, free_logits = free_run(free, ids, start)
-            results = compare_step(
-                step, trace, free_streams, free_logits, models.triton, lowp, factor, save_dir, impl_specs
-            )
-            report.steps.append(label)
-            report.layers += results
-            print_step(results, f"{label}: {time.monotonic() - started:.1f}s")
-            failed = next((r for r in results if not r.passed), None)
-            if failed is not None:
-                report.first = failed
-                layer = {EMBED: -1, HEAD: -1}.get(failed.layer)
-                layer = int(failed.layer) if layer is None else layer
-                ops = check_recorded_ops(trace, layer, models.triton, save_dir, step, impl_specs)
-                if failed.layer == EMBED:
-                    ops = [r for r in ops if r.op in ("embedding", "rope_cos_sin")]
-                elif failed.layer == HEAD:
-                    ops = [r for r in ops if r.point in ("final_norm", "lm_head")]
-                report.drill = ops
-                report.culprit = next((r for r in ops if not r.passed), None)
-                break
-            next_token = torch.argmax(trace.logits, dim=-1)
-            start = start + ids.shape[1]
-            ids = next_token[:, None]
+    try:
+        with torch.no_grad():
+            _walk(args, models, free, lowp, factor, save_dir, impl_specs, report, device)
+    except model_loading.InjectedOpError as exc:
+        print(f"\nDIVERGES: {exc}")
+        return 1
+    finally:
+        if args.repro_dir is None and not any(save_dir.iterdir()):
+            save_dir.rmdir()  # nothing failed: no inputs were saved
     print()
     if report.first is None:
         print(f"VERIFIED: every layer within its threshold at prefill and {args.decode_steps} decode steps")
@@ -437,9 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.plot:
         print(plot(report, args.plot))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(asdict(report), fh, indent=2, default=str)
+    cli.write_json(args.json, asdict(report))
     return 0 if report.first is None else 1
 
 

@@ -37,7 +37,10 @@ class Case:
 
 
 def dtype_of(params: dict[str, Any]) -> torch.dtype:
-    return DTYPES[params.get("dtype", "bfloat16")]
+    name = params.get("dtype", "bfloat16")
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    return DTYPES[name]
 
 
 def generator(params: dict[str, Any], device: torch.device) -> torch.Generator:

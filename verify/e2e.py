@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import sys
 import time
@@ -237,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from model.generate import check_prompt
     from ops import backend
+    from verify import cli
     from verify import models as model_loading
     from verify.tolerances import setting
 
@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.new_tokens < 1:
             raise model_loading.UsageError(f"--new-tokens {args.new_tokens}: expected at least 1")
+        cli.check_output_file("--json", args.json)
         injections = [model_loading.parse_injection(text) for text in args.inject]
         device = backend.device()
         directory = model_loading.resolve_checkpoint(args.model)
@@ -281,15 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(_header(names))
     started = time.monotonic()
-    with torch.no_grad():
-        steps, calibration = run(
-            models,
-            prompt,
-            args.new_tokens,
-            against,
-            setting("e2e", "near_tie_factor"),
-            progress=lambda s: print(_row(s, names), flush=True),
-        )
+    try:
+        with torch.no_grad():
+            steps, calibration = run(
+                models,
+                prompt,
+                args.new_tokens,
+                against,
+                setting("e2e", "near_tie_factor"),
+                progress=lambda s: print(_row(s, names), flush=True),
+            )
+    except model_loading.InjectedOpError as exc:
+        print(f"triton: DIVERGES: {exc}")
+        return 1
     elapsed = time.monotonic() - started
     print(
         f"near-tie tolerance {calibration['near_tie_tolerance']:.4f} = {calibration['factor']:g} x bf16 "
@@ -315,20 +320,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: token parity with the reference over {len(marks)} steps{tie_text}")
     if tokenizer is not None:
         print("text:", tokenizer.decode([s.ref_token for s in steps]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "model": str(models.directory),
-                    "backend": backend.name(),
-                    "prompt": prompt[0].tolist(),
-                    "calibration": calibration,
-                    "verdicts": verdicts,
-                    "steps": [asdict(s) for s in steps],
-                },
-                f,
-                indent=2,
-            )
+    cli.write_json(
+        args.json,
+        {
+            "model": str(models.directory),
+            "backend": backend.name(),
+            "prompt": prompt[0].tolist(),
+            "calibration": calibration,
+            "verdicts": verdicts,
+            "steps": [asdict(s) for s in steps],
+        },
+    )
     return 1 if "DIVERGES" in verdicts.values() else 0
 
 

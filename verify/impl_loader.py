@@ -14,15 +14,16 @@ class ImplError(Exception):
     """The implementation could not be loaded or does not fit the op's signature."""
 
 
-def load(spec: str) -> Callable:
+def load(spec: str, option: str = "--impl") -> Callable:
+    """The function ``spec`` names; errors name ``option``, the argument that gave it."""
     target, sep, fn_name = spec.rpartition(":")
     if not sep or not target or not fn_name:
-        raise ImplError(f"--impl {spec!r}: expected MODULE:FN or FILE.py:FN")
+        raise ImplError(f"{option}: {spec!r} is not MODULE:FN or FILE.py:FN")
     try:
         if target.endswith(".py"):
             path = Path(target).resolve()
             if not path.is_file():
-                raise ImplError(f"--impl {spec!r}: no file {path}")
+                raise ImplError(f"{option}: no file {path}")
             module_name = f"_impl_{path.stem}_{abs(hash(path)) % 10**8}"
             loader_spec = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(loader_spec)
@@ -33,14 +34,14 @@ def load(spec: str) -> Callable:
     except ImplError:
         raise
     except Exception as exc:
-        raise ImplError(f"--impl {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}") from exc
+        raise ImplError(f"{option}: importing {target} failed: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise ImplError(f"--impl {spec!r}: {target} has no callable {fn_name!r}")
+        raise ImplError(f"{option}: {target} has no callable {fn_name!r}")
     return fn
 
 
-def check_signature(fn: Callable, reference: Callable, op: str) -> None:
+def check_signature(fn: Callable, reference: Callable, op: str, option: str = "--impl") -> None:
     """The outside function must take the op's positional arguments (extra ones need defaults)."""
     want = [p.name for p in inspect.signature(reference).parameters.values() if p.kind != p.KEYWORD_ONLY]
     try:
@@ -53,4 +54,6 @@ def check_signature(fn: Callable, reference: Callable, op: str) -> None:
     required = [p for p in positional if p.default is p.empty]
     if len(positional) < len(want) or len(required) > len(want):
         got = ", ".join(p.name for p in positional)
-        raise ImplError(f"{fn.__name__}({got}) does not match the {op} signature ({', '.join(want)})")
+        raise ImplError(
+            f"{option}: {fn.__name__}({got}) does not match the {op} signature ({', '.join(want)})"
+        )

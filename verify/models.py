@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +15,17 @@ from model import reference, triton_model
 from model import weights as model_weights
 from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
+from verify.cli import UsageError
+
+# ops the decoder calls only outside its layers (embedding, the RoPE table, the greedy pick):
+# --inject swaps ops in layers, so these cannot be injected
+OUTSIDE_LAYERS = ("embedding", "rope_cos_sin", "argmax")
+INJECTABLE = tuple(op for op in OPS if op not in OUTSIDE_LAYERS)
 
 
-class UsageError(Exception):
-    """Bad command-line input: the CLIs print it and exit 2."""
+class InjectedOpError(Exception):
+    """An injected implementation raised: the implementation under test failed (the CLIs exit 1,
+    as ``verify.op`` reports an implementation that raises as a divergence)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +55,12 @@ def parse_injection(text: str) -> Injection:
     impl, at, layers = rest.rpartition("@")
     if not sep or not at or not op or not impl or not layers:
         raise UsageError(f"--inject {text!r}: expected OP=IMPL@LAYERS, e.g. rms_norm=my_norms.py:rms_norm@3")
+    if op in OUTSIDE_LAYERS:
+        raise UsageError(
+            f"--inject {text!r}: {op} runs outside the layers; injectable: {', '.join(INJECTABLE)}"
+        )
     if op not in OPS:
-        raise UsageError(f"--inject {text!r}: unknown op {op!r}; the decoder calls {', '.join(OPS)}")
+        raise UsageError(f"--inject {text!r}: unknown op {op!r}; injectable: {', '.join(INJECTABLE)}")
     if layers == "all":
         return Injection(op, impl, None)
     try:
@@ -67,14 +80,31 @@ def apply_injections(model: Decoder, injections: list[Injection]) -> None:
                 f"--inject {inj.op}: layer {bad[0]} is out of range (the model has {model.config.num_layers})"
             )
         try:
-            fn = impl_loader.load(inj.impl_spec)
-            impl_loader.check_signature(fn, registry.get(inj.op).reference, inj.op)
+            option = f"--inject {inj.op}={inj.impl_spec}"
+            fn = impl_loader.load(inj.impl_spec, option)
+            impl_loader.check_signature(fn, registry.get(inj.op).reference, inj.op, option)
         except impl_loader.ImplError as exc:
             raise UsageError(str(exc)) from None
         try:
-            model.inject(inj.op, fn, layers)
+            model.inject(inj.op, _guarded(fn, inj), layers)
         except ValueError as exc:
             raise UsageError(f"--inject {inj.op}: {exc}") from None
+
+
+def _guarded(fn: Callable, inj: Injection) -> Callable:
+    """``fn``, its exceptions turned into :class:`InjectedOpError` naming the injection (the
+    signature stays visible through ``functools.wraps``: the decoder asks whether it takes ``out``)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise InjectedOpError(
+                f"the injected {inj.op} ({inj.impl_spec}) raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    return call
 
 
 def resolve_checkpoint(model: str | None) -> Path:
@@ -114,7 +144,7 @@ def load(
         cfg = model_config.load(directory)
         weights = model_weights.load(directory, cfg, device)
     except (model_config.ConfigError, model_weights.WeightsError) as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"--model: {exc}") from None
     fused = decoder_fused(injections)
     ref = reference.build(weights, max_batch, max_seq, fused)
     tri = triton_model.build(weights, max_batch, max_seq, fused)

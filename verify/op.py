@@ -7,6 +7,7 @@ Exit 0: verified. 1: a divergence (the shrunk case and a repro command are print
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -15,16 +16,26 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m verify.op", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     p.add_argument("name", nargs="?", help="the op to check (see --list)")
     p.add_argument("--impl", help="an outside implementation: MODULE:FN or FILE.py:FN")
-    p.add_argument("--examples", type=int, default=None, help="Hypothesis cases to draw (default: profile's)")
+    p.add_argument(
+        "--examples", type=_positive_int, default=None, help="Hypothesis cases to draw (default: profile's)"
+    )
     p.add_argument("--seed", type=int, default=None, help="Hypothesis seed, for a reproducible search")
-    p.add_argument("--case", help="run exactly this case (the JSON a repro command carries)")
-    p.add_argument("--inputs", metavar="FILE.pt", help="run on recorded inputs (written by verify.bisect)")
+    one = p.add_mutually_exclusive_group()
+    one.add_argument("--case", help="run exactly this case (the JSON a repro command carries)")
+    one.add_argument("--inputs", metavar="FILE.pt", help="run on recorded inputs (written by verify.bisect)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--list", action="store_true", help="list the registered ops and exit")
     return p
@@ -58,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import registry
     from ops import backend
-    from verify import impl_loader, profiles, property
+    from verify import cli, impl_loader, profiles, property
     from verify.compare import check
 
     profile = profiles.load(backend.name())
@@ -69,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         spec = registry.get(args.name)
+        cli.check_output_file("--json", args.json)
     except KeyError as exc:
         print(f"verify.op: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except cli.UsageError as exc:
+        print(f"verify.op: {exc}", file=sys.stderr)
         return 2
     impl = None
     if args.impl:
@@ -80,24 +95,21 @@ def main(argv: list[str] | None = None) -> int:
         except impl_loader.ImplError as exc:
             print(f"verify.op: {exc}", file=sys.stderr)
             return 2
+    case = None
+    if args.case or args.inputs:
+        try:
+            case = _recorded_case(spec, args.inputs) if args.inputs else _given_case(spec, args.case)
+        except cli.UsageError as exc:
+            print(f"verify.op: {exc}", file=sys.stderr)
+            return 2
     label = args.impl or f"registered {spec.name} kernel"
     print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
 
-    if args.case or args.inputs:
-        try:
-            case = (
-                _recorded_case(args.inputs)
-                if args.inputs
-                else spec.build(json.loads(args.case), backend.device())
-            )
-        except (ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
-            what = f"--inputs {args.inputs}" if args.inputs else "--case"
-            print(f"verify.op: {what} is not a valid {spec.name} case: {exc}", file=sys.stderr)
-            return 2
+    if case is not None:
         params = case.params
         result = check(spec, case, impl, args.impl)
         print(result.describe())
-        _write_json(
+        cli.write_json(
             args.json,
             {
                 "op": spec.name,
@@ -110,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result.passed else 1
 
     started = time.monotonic()
-    examples = args.examples or settings.default.max_examples
+    examples = args.examples if args.examples is not None else settings.default.max_examples
     outcome = property.run(
         spec,
         impl,
@@ -135,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if outcome.failure is not None:
         print("  smallest failing case after shrinking:")
         print("  " + outcome.failure.describe().replace("\n", "\n  "))
-    _write_json(
+    cli.write_json(
         args.json,
         {
             "op": spec.name,
@@ -158,24 +170,55 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if outcome.passed else 1
 
 
-def _recorded_case(path: str):
-    """A case from tensors saved by ``verify.bisect``, moved to the backend's device."""
+def _given_case(spec, text: str):
+    """The case a ``--case`` JSON object describes (a repro command's), built on the backend's device."""
+    from ops import backend
+    from verify.cli import UsageError
+
+    fields = ", ".join(sorted(spec.typical))
+    try:
+        params = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--case: not JSON ({exc})") from None
+    if not isinstance(params, dict):
+        raise UsageError(f"--case: expected a JSON object of {spec.name} fields ({fields}), got {params!r}")
+    try:
+        return spec.build(params, backend.device())
+    except KeyError as exc:
+        raise UsageError(f"--case: no field {exc.args[0]!r}; a {spec.name} case has {fields}") from None
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise UsageError(f"--case is not a valid {spec.name} case: {exc}") from None
+
+
+def _recorded_case(spec, path: str):
+    """A case from the inputs ``verify.bisect`` saved for one op call, moved to the backend's device."""
     import torch
 
     from ops import backend
     from verify.cases import Case
+    from verify.cli import UsageError
     from verify.compare import clone_preserving_layout
 
-    args = torch.load(path, weights_only=True)
+    try:
+        saved = torch.load(path, weights_only=True)
+    except OSError as exc:
+        raise UsageError(f"--inputs {path}: {exc.strerror or exc}") from None
+    except Exception as exc:  # whatever the unpickler makes of a file that is not ours
+        raise UsageError(
+            f"--inputs {path}: not inputs saved by verify.bisect ({type(exc).__name__})"
+        ) from None
+    if not isinstance(saved, dict) or set(saved) != {"op", "args"} or not isinstance(saved["args"], tuple):
+        raise UsageError(f"--inputs {path}: not inputs saved by verify.bisect (expected op and args)")
+    if saved["op"] != spec.name:
+        raise UsageError(f"--inputs {path}: recorded for {saved['op']}, not {spec.name}")
+    try:
+        inspect.signature(spec.reference).bind(*saved["args"])
+    except TypeError as exc:
+        raise UsageError(f"--inputs {path}: the arguments do not fit {spec.name}: {exc}") from None
     device = backend.device()
+    args = saved["args"]
     moved = tuple(clone_preserving_layout(a, device) if isinstance(a, torch.Tensor) else a for a in args)
     return Case({"inputs": path}, moved)
-
-
-def _write_json(path: str | None, data: dict) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2, default=str)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+"""What every CLI shares: the usage error (exit 2), and output paths checked before the run,
+so a typo in ``--json`` is reported at once rather than as a crash after minutes of work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class UsageError(Exception):
+    """Bad command-line input: the CLIs print it and exit 2."""
+
+
+def check_output_file(option: str, path: str | None) -> None:
+    """``path`` (if given) can be written: its directory exists and it is not a directory itself."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a directory, expected a file path")
+    if not target.parent.is_dir():
+        raise UsageError(f"{option} {path}: no directory {target.parent}")
+
+
+def check_output_dir(option: str, path: str | None) -> None:
+    """``path`` (if given) is a directory or can be made one: nothing but a directory is in its way."""
+    if path is None:
+        return
+    for part in (Path(path), *Path(path).parents):
+        if part.exists():
+            if not part.is_dir():
+                raise UsageError(f"{option} {path}: {part} exists and is not a directory")
+            return
+
+
+def write_json(path: str | None, data: Any) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2, default=str)
