@@ -28,6 +28,12 @@ def check_prompt(ids: torch.Tensor, model: Decoder, max_new_tokens: int) -> None
         raise ValueError(f"prompt ids: token id {bad} is outside the vocabulary [0, {vocab})")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
+    limit = model.config.max_position_embeddings
+    if length + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt of {length} tokens + {max_new_tokens} new tokens exceeds the model's "
+            f"max_position_embeddings {limit} (the positions its config declares)"
+        )
     if length + max_new_tokens > model.max_seq:
         raise ValueError(
             f"prompt of {length} tokens + {max_new_tokens} new tokens exceeds the KV cache capacity "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -134,6 +135,15 @@ def test_bad_prompts_are_refused(ids, new: int, message: str) -> None:
     _, tri = _models()
     with pytest.raises(ValueError, match=message):
         check_prompt(torch.tensor(ids, dtype=torch.int64).reshape(1, -1), tri, new)
+
+
+def test_positions_past_the_configs_max_position_embeddings_are_refused(monkeypatch) -> None:
+    _, tri = _models()
+    monkeypatch.setattr(tri, "config", dataclasses.replace(tri.config, max_position_embeddings=16))
+    ids = torch.ones(1, 10, dtype=torch.int64)
+    check_prompt(ids, tri, 6)
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings 16"):
+        check_prompt(ids, tri, 7)
 
 
 @pytest.mark.gpu

@@ -122,6 +122,7 @@ def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
         ("verify.e2e", ("--model", "/no/such/dir"), "no such directory"),
         ("verify.e2e", ("--prompt-ids", "1,2,99999"), "token id 99999 is outside the vocabulary"),
         ("verify.e2e", ("--prompt-ids", ""), "the prompt is empty"),
+        ("verify.bisect", ("--prompt-len", "600"), "exceeds the model's max_position_embeddings 512"),
         ("verify.e2e", ("--prompt", "hello"), "needs a tokenizer"),
         ("verify.e2e", ("--against", "reference,vllm"), "--against"),
         ("verify.bench", ("model", "--try-config", "9728=gemv n8 k512 w4 s4"), "expected NxK=CONFIG"),

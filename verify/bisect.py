@@ -395,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         device = backend.device()
         max_seq = args.prompt_len + args.decode_steps
         models = model_loading.load(args.model, device, 1, max_seq, injections)
+        if max_seq > models.config.max_position_embeddings:
+            raise model_loading.UsageError(
+                f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps} exceeds the model's "
+                f"max_position_embeddings {models.config.max_position_embeddings}"
+            )
         free = triton_model.build(models.weights, 1, max_seq, models.triton.fused)
         model_loading.apply_injections(free, injections)
     except model_loading.UsageError as exc:
