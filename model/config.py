@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,62 +126,116 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def _require(cfg: dict, key: str, path: str) -> Any:
-    if key not in cfg:
-        raise ConfigError(f"{path}: missing required field {key!r}")
-    return cfg[key]
+_MISSING = object()
 
 
-def from_hf_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
-    """Parse an HF config dict; refuse what the kernels would silently get wrong."""
-    family = cfg.get("model_type")
-    if family not in FAMILIES:
-        raise ConfigError(f"{path}: model_type {family!r} is not supported; expected one of {FAMILIES}")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"{path}: hidden_act {act!r} is not supported (the MLP kernel is SwiGLU with silu)")
-    rope = cfg.get("rope_parameters") or {}
+def _field(cfg: dict, key: str, kind: str, default: Any = _MISSING) -> Any:
+    """``cfg[key]`` checked as ``kind`` ("count": a positive int; "positive": a positive finite
+    number; "bool"); ``default`` when absent or null, and without a default the field is required."""
+    value = cfg.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise ConfigError(f"missing required field {key!r}")
+        return default
+    if kind == "bool":
+        ok = isinstance(value, bool)
+        want = "true or false"
+    elif kind == "count":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        want = "a positive integer"
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+        want = "a positive finite number"
+    if not ok:
+        raise ConfigError(f"{key}: expected {want}, got {value!r}")
+    return value
+
+
+def _rope(cfg: dict) -> tuple[float, float]:
+    """``(rope_theta, partial_rotary_factor)``: from ``rope_parameters`` (transformers 5) or the
+    top level (older configs); anything but default RoPE is refused."""
+    rope = cfg.get("rope_parameters")
+    if rope is None:
+        rope = {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"rope_parameters: expected an object, got {rope!r}")
     scaling = cfg.get("rope_scaling")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if scaling or rope_type != "default":
-        raise ConfigError(f"{path}: rope scaling {scaling or rope!r} is not implemented (only default RoPE)")
-    if cfg.get("use_sliding_window"):
-        raise ConfigError(f"{path}: sliding-window attention is not implemented")
-    layer_types = cfg.get("layer_types") or []
-    if any(t != "full_attention" for t in layer_types):
-        raise ConfigError(f"{path}: layer_types {sorted(set(layer_types))} include non-full attention")
-    if cfg.get("mlp_bias"):
-        raise ConfigError(f"{path}: mlp_bias is not implemented")
-    if family != "qwen2" and cfg.get("attention_bias"):  # llama/qwen3 put it on o_proj too
-        raise ConfigError(f"{path}: attention_bias (q/k/v/o projection bias) is not implemented for {family}")
-    if cfg.get("pretraining_tp", 1) != 1:
-        raise ConfigError(f"{path}: pretraining_tp != 1 is not implemented")
-    hidden = _require(cfg, "hidden_size", path)
-    heads = _require(cfg, "num_attention_heads", path)
-    head_dim = cfg.get("head_dim") or hidden // heads
-    eos = cfg.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        raise ConfigError(f"rope scaling {scaling or rope!r} is not implemented (only default RoPE)")
+    theta = _field(rope, "rope_theta", "positive", _field(cfg, "rope_theta", "positive", 10000.0))
+    factor = _field(cfg, "partial_rotary_factor", "positive", 1.0)
+    factor = _field(rope, "partial_rotary_factor", "positive", factor)
+    return float(theta), float(factor)
+
+
+def from_hf_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
+    """Parse an HF config dict as transformers would (its defaults for absent fields); refuse
+    what the kernels would silently get wrong. Errors name the field as config.json does."""
     try:
-        return ModelConfig(
-            family=family,
-            vocab_size=_require(cfg, "vocab_size", path),
-            hidden_size=hidden,
-            intermediate_size=_require(cfg, "intermediate_size", path),
-            num_layers=_require(cfg, "num_hidden_layers", path),
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=head_dim,
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-            rotary_dim=int(head_dim * cfg.get("partial_rotary_factor", 1.0)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family != "llama")),
-            qkv_bias=family == "qwen2",
-            qk_norm=family == "qwen3",
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-            eos_token_ids=eos_ids,
-        )
+        return _parse(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def _parse(cfg: dict) -> ModelConfig:
+    family = cfg.get("model_type")
+    if family not in FAMILIES:
+        raise ConfigError(f"model_type {family!r} is not supported; expected one of {FAMILIES}")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"hidden_act {act!r} is not supported (the MLP kernel is SwiGLU with silu)")
+    rope_theta, rotary_factor = _rope(cfg)
+    if rotary_factor != 1.0:  # transformers' llama/qwen2/qwen3 rotate the whole head
+        raise ConfigError(f"partial_rotary_factor {rotary_factor} is not implemented for {family}")
+    if cfg.get("use_sliding_window"):
+        raise ConfigError("sliding-window attention is not implemented")
+    layer_types = cfg.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise ConfigError(f"layer_types: expected a list, got {layer_types!r}")
+    if any(t != "full_attention" for t in layer_types):
+        raise ConfigError(f"layer_types {sorted(set(map(str, layer_types)))} include non-full attention")
+    if cfg.get("mlp_bias"):
+        raise ConfigError("mlp_bias is not implemented")
+    if family != "qwen2" and cfg.get("attention_bias"):  # llama/qwen3 put it on o_proj too
+        raise ConfigError(f"attention_bias (q/k/v/o projection bias) is not implemented for {family}")
+    if cfg.get("pretraining_tp", 1) != 1:
+        raise ConfigError("pretraining_tp != 1 is not implemented")
+    hidden = _field(cfg, "hidden_size", "count")
+    heads = _field(cfg, "num_attention_heads", "count")
+    layers = _field(cfg, "num_hidden_layers", "count")
+    if layer_types and len(layer_types) != layers:
+        raise ConfigError(f"layer_types: {len(layer_types)} entries for num_hidden_layers {layers}")
+    # transformers' defaults: qwen2/qwen3 default num_key_value_heads to 32 (not the head count),
+    # so a checkpoint of theirs states it; Qwen3's head_dim defaults to 128, the others' to
+    # hidden / heads; nothing is tied unless the config says so
+    kv_default = heads if family == "llama" else _MISSING
+    if family != "llama" and "num_key_value_heads" in cfg and cfg["num_key_value_heads"] is None:
+        kv_default = heads
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    vocab = _field(cfg, "vocab_size", "count")
+    if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in eos_ids):
+        raise ConfigError(f"eos_token_id: expected token ids in [0, {vocab}), got {eos!r}")
+    return ModelConfig(
+        family=family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=_field(cfg, "intermediate_size", "count"),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=_field(cfg, "num_key_value_heads", "count", kv_default),
+        head_dim=_field(cfg, "head_dim", "count", 128 if family == "qwen3" else hidden // heads),
+        rms_norm_eps=float(_field(cfg, "rms_norm_eps", "positive", 1e-6)),
+        rope_theta=rope_theta,
+        tie_word_embeddings=_field(cfg, "tie_word_embeddings", "bool", False),
+        qkv_bias=family == "qwen2",
+        qk_norm=family == "qwen3",
+        max_position_embeddings=_field(
+            cfg, "max_position_embeddings", "count", 2048 if family == "llama" else 32768
+        ),
+        eos_token_ids=eos_ids,
+    )
 
 
 def load(path: str | Path) -> ModelConfig:
@@ -191,7 +246,7 @@ def load(path: str | Path) -> ModelConfig:
         raise ConfigError(f"{path}: no config.json found")
     try:
         cfg = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: not valid JSON ({exc})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{file}: expected a JSON object")

@@ -85,17 +85,27 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def _weight_map(directory: Path) -> dict[str, Path]:
     """Tensor name -> file, from the shard index or the single file's header."""
     index = directory / INDEX_FILE
+    single = directory / SINGLE_FILE
+    if index.is_file() and single.is_file():  # transformers would read the single file: ambiguous
+        raise WeightsError(
+            f"{directory}: both {SINGLE_FILE} and {INDEX_FILE}; keep the one that is the checkpoint"
+        )
     if index.is_file():
         try:
             mapping = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise WeightsError(f"{index}: not a valid safetensors index ({exc})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+            raise WeightsError(
+                f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})"
+            ) from None
+        if not isinstance(mapping, dict) or not all(isinstance(f, str) for f in mapping.values()):
+            raise WeightsError(f"{index}: weight_map must map tensor names to shard file names")
         files = {name: directory / file for name, file in mapping.items()}
         for file in set(files.values()):
+            if file.parent != directory:
+                raise WeightsError(f"{index}: shard {file} is not a file of the checkpoint directory")
             if not file.is_file():
                 raise WeightsError(f"{index}: names shard {file.name}, which does not exist")
         return files
-    single = directory / SINGLE_FILE
     if not single.is_file():
         raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}")
     with _open(single) as f:
@@ -159,8 +169,9 @@ def load(
     files = _weight_map(directory)
     shapes = expected_shapes(config)
     present = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
-    if config.tie_word_embeddings:
-        present.discard("lm_head.weight")  # some tied checkpoints store the copy anyway
+    stored_head = config.tie_word_embeddings and "lm_head.weight" in present
+    if stored_head:  # some tied checkpoints store the copy anyway: checked against the embedding below
+        present.discard("lm_head.weight")
     missing = sorted(set(shapes) - present)
     unexpected = sorted(present - set(shapes))
     if missing:
@@ -204,8 +215,11 @@ def load(
             )
         if tensor.dtype not in FLOAT_DTYPES:
             raise WeightsError(
-                f"{files[name]}: tensor {name} has dtype {tensor.dtype}, expected a float type"
+                f"{files[name]}: tensor {name} has dtype {tensor.dtype}, "
+                "expected bfloat16, float16 or float32"
             )
+        if not bool(torch.isfinite(tensor).all()):
+            raise WeightsError(f"{files[name]}: tensor {name} holds NaN or inf values")
         if name == "model.embed_tokens.weight":
             target = embed
         elif name == "model.norm.weight":
@@ -217,6 +231,13 @@ def load(
             field_name, rows = slices[rest]
             target = getattr(layers[int(index)], field_name)[rows]
         target.copy_(tensor)
+    if stored_head:
+        [(_, head)] = list(_tensors(files, ["lm_head.weight"]))
+        if tuple(head.shape) != tuple(embed.shape) or not torch.equal(head.to(dev, dtype), embed):
+            raise WeightsError(
+                f"{files['lm_head.weight']}: tensor lm_head.weight differs from model.embed_tokens.weight, "
+                "but the config ties them (tie_word_embeddings true): which head is meant?"
+            )
     return weights
 
 

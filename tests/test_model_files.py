@@ -81,6 +81,18 @@ def _tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
             "model.layers.0.self_attn.o_proj.weight has shape (32, 31)",
         ),
         (lambda t: t.update({"model.norm.weight": torch.zeros(32, dtype=torch.int32)}), "dtype torch.int32"),
+        (
+            lambda t: t.update({"model.norm.weight": torch.zeros(32, dtype=torch.float64)}),
+            "dtype torch.float64, expected bfloat16, float16 or float32",
+        ),
+        (
+            lambda t: t.update({"model.norm.weight": torch.full((32,), float("nan"), dtype=torch.bfloat16)}),
+            "model.norm.weight holds NaN or inf values",
+        ),
+        (
+            lambda t: t.update({"lm_head.weight": torch.ones(96, 32, dtype=torch.bfloat16)}),
+            "lm_head.weight differs from model.embed_tokens.weight, but the config ties them",
+        ),
     ],
 )
 def test_bad_tensors_are_named(tmp_path: Path, edit, message: str) -> None:
@@ -89,6 +101,41 @@ def test_bad_tensors_are_named(tmp_path: Path, edit, message: str) -> None:
     edit(tensors)
     _write(tmp_path, tensors, cfg)
     with pytest.raises(WeightsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
+def test_a_tied_checkpoint_may_store_the_head_copy(tmp_path: Path) -> None:
+    cfg = TINY["qwen3"]
+    tensors = _tensors(cfg)
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    _write(tmp_path, tensors, cfg)
+    w = model_weights.load(tmp_path, cfg, "cpu")
+    assert w.lm_head is w.embed
+
+
+def _index(directory: Path, weight_map: object) -> None:
+    (directory / model_weights.INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+
+
+@pytest.mark.parametrize(
+    ("weight_map", "keep_single", "message"),
+    [
+        ({"model.norm.weight": "model.safetensors"}, True, "both model.safetensors and"),
+        ([1, 2], False, "weight_map must map tensor names to shard file names"),
+        ({"model.norm.weight": 3}, False, "weight_map must map tensor names to shard file names"),
+        ({"model.norm.weight": "../elsewhere.safetensors"}, False, "is not a file of the checkpoint"),
+        ({"model.norm.weight": "shard-2.safetensors"}, False, "names shard shard-2.safetensors"),
+    ],
+)
+def test_bad_shard_indexes_are_refused(
+    tmp_path: Path, weight_map: object, keep_single: bool, message: str
+) -> None:
+    cfg = TINY["qwen3"]
+    _write(tmp_path, _tensors(cfg), cfg)
+    if not keep_single:
+        (tmp_path / "model.safetensors").rename(tmp_path / "shard-1.safetensors")
+    _index(tmp_path, weight_map)
+    with pytest.raises(WeightsError, match=message):
         model_weights.load(tmp_path, cfg, "cpu")
 
 
@@ -117,6 +164,25 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
         ({"attention_bias": True}, "attention_bias"),
         ({"layer_types": ["sliding_attention", "full_attention"]}, "non-full attention"),
+        ({"layer_types": "full_attention"}, "layer_types: expected a list"),
+        ({"layer_types": ["full_attention"]}, "layer_types: 1 entries for num_hidden_layers 2"),
+        ({"rms_norm_eps": "abc"}, "rms_norm_eps: expected a positive finite number, got 'abc'"),
+        ({"rms_norm_eps": 0}, "rms_norm_eps: expected a positive finite number"),
+        ({"rope_theta": -5, "rope_parameters": None}, "rope_theta: expected a positive finite number"),
+        ({"rope_parameters": "yarn"}, "rope_parameters: expected an object"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not implemented"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}},
+            "partial_rotary_factor 0.5 is not implemented",
+        ),
+        ({"head_dim": 0}, "head_dim: expected a positive integer, got 0"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads: expected a positive integer, got 0"),
+        ({"num_hidden_layers": True}, "num_hidden_layers: expected a positive integer, got True"),
+        ({"max_position_embeddings": "big"}, "max_position_embeddings: expected a positive integer"),
+        ({"tie_word_embeddings": "false"}, "tie_word_embeddings: expected true or false, got 'false'"),
+        ({"eos_token_id": "2"}, "eos_token_id: expected token ids in"),
+        ({"eos_token_id": [1, 96]}, r"eos_token_id: expected token ids in \[0, 96\)"),
+        ({"intermediate_size": None}, r"config\.json: missing required field 'intermediate_size'$"),
     ],
 )
 def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: str) -> None:
@@ -126,10 +192,33 @@ def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: 
         model_config.load(tmp_path)
 
 
+def test_absent_fields_take_transformers_defaults(tmp_path: Path) -> None:
+    """As transformers reads config.json: Qwen3's head_dim defaults to 128, nothing is tied unless
+    said, qwen2/qwen3 need num_key_value_heads (their default, 32, is no checkpoint's), llama's
+    defaults to the head count and its max_position_embeddings to 2048."""
+
+    def parse(family: str, *absent: str) -> ModelConfig:
+        cfg = model_config.to_hf_dict(TINY[family])
+        for key in absent:
+            del cfg[key]
+        return model_config.from_hf_dict(cfg)
+
+    assert parse("qwen3", "head_dim").head_dim == 128
+    assert parse("qwen2", "head_dim").head_dim == 32 // 4
+    assert not parse("qwen3", "tie_word_embeddings").tie_word_embeddings
+    llama = parse("llama", "num_key_value_heads", "max_position_embeddings")
+    assert (llama.num_kv_heads, llama.max_position_embeddings) == (4, 2048)
+    with pytest.raises(ConfigError, match="missing required field 'num_key_value_heads'"):
+        parse("qwen3", "num_key_value_heads")
+
+
 def test_missing_config_and_bad_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no config\.json"):
         model_config.load(tmp_path)
     (tmp_path / "config.json").write_text("{oops")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        model_config.load(tmp_path)
+    (tmp_path / "config.json").write_bytes(bytes(range(128, 256)))
     with pytest.raises(ConfigError, match="not valid JSON"):
         model_config.load(tmp_path)
 

@@ -154,6 +154,20 @@ def test_an_injected_implementation_that_raises_is_a_divergence(module: str) -> 
     assert "Traceback" not in run.stderr
 
 
+def test_e2e_verdicts_ok_near_tie_diverges_and_non_finite() -> None:
+    import torch
+
+    from verify.e2e import compare
+
+    ref = torch.tensor([0.0, 5.0, 4.95, 1.0])
+    assert compare(ref.clone(), ref, 1, 0.1).verdict == "ok"
+    assert compare(torch.tensor([0.0, 4.9, 5.0, 1.0]), ref, 1, 0.1).verdict == "near-tie"
+    assert compare(torch.tensor([0.0, 1.0, 1.0, 5.0]), ref, 1, 0.1).verdict == "DIVERGES"
+    # NaN logits whose argmax happens to land on the reference's token are still a divergence
+    nan = torch.tensor([0.0, float("nan"), 0.0, 0.0])
+    assert int(torch.argmax(nan)) == 1 and compare(nan, ref, 1, 0.1).verdict == "DIVERGES"
+
+
 def test_profile_shares_split_the_union_of_kernel_spans() -> None:
     """Under programmatic dependent launch kernel spans overlap: each kernel is credited with the
     time it extends the busy period, so nothing is counted twice and the shares sum to the union."""

@@ -42,6 +42,10 @@ class Step:
     against: dict[str, Comparison] = field(default_factory=dict)
 
 
+class NonFiniteReference(ValueError):
+    """The reference model itself produced NaN or inf logits: bad input, not a divergence."""
+
+
 def margin(logits: torch.Tensor) -> float:
     top2 = logits.float().topk(2).values
     return float(top2[0] - top2[1])
@@ -51,13 +55,15 @@ def compare(
     logits: torch.Tensor, ref_logits: torch.Tensor, ref_token: int, tie_tolerance: float
 ) -> Comparison:
     """Same token: ok. Another token the reference scores within ``tie_tolerance`` of its best: a
-    near-tie (the noise can flip it). Anything else: a divergence."""
+    near-tie (the noise can flip it). Anything else, or a NaN or inf logit: a divergence."""
     ref = ref_logits.float()
     token = int(torch.argmax(logits))
     k = min(TOP_K, ref.numel())
     overlap = len(set(logits.float().topk(k).indices.tolist()) & set(ref.topk(k).indices.tolist()))
     diff = float((logits.float() - ref).abs().max())
-    if token == ref_token:
+    if not bool(torch.isfinite(logits).all()):
+        verdict = "DIVERGES"
+    elif token == ref_token:
         verdict = "ok"
     elif float(ref[ref_token] - ref[token]) <= tie_tolerance:
         verdict = "near-tie"
@@ -128,6 +134,11 @@ def run(
     steps: list[Step] = []
     for step in range(new_tokens):
         ref_row = ref_logits[0]
+        if not bool(torch.isfinite(ref_row).all()):
+            raise NonFiniteReference(
+                f"the reference model's logits at step {step} are not finite: the checkpoint does not "
+                "make a usable model (its weights or config), so there is nothing to compare against"
+            )
         ref_token = int(torch.argmax(ref_row))
         record = Step(step, length + step, ref_token, margin(ref_row))
         for name, value in logits.items():
@@ -258,12 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             vocab = model_config.load(directory).vocab_size
         except model_config.ConfigError as exc:
-            raise model_loading.UsageError(str(exc)) from None
+            raise model_loading.UsageError(f"--model: {exc}") from None
         prompt, tokenizer = _prompt(args, directory, vocab, device)
         max_seq = prompt.shape[1] + args.new_tokens
         models = model_loading.load(str(directory), device, 1, max_seq, injections)
         try:
-            check_prompt(prompt, models.triton, args.new_tokens - 1)
+            check_prompt(prompt, models.triton, args.new_tokens)
         except ValueError as exc:
             raise model_loading.UsageError(str(exc)) from None
     except model_loading.UsageError as exc:
@@ -295,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     except model_loading.InjectedOpError as exc:
         print(f"triton: DIVERGES: {exc}")
         return 1
+    except NonFiniteReference as exc:
+        print(f"verify.e2e: {exc}", file=sys.stderr)
+        return 2
     elapsed = time.monotonic() - started
     print(
         f"near-tie tolerance {calibration['near_tie_tolerance']:.4f} = {calibration['factor']:g} x bf16 "
