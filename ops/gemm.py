@@ -554,6 +554,8 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
     (1, 4096, 1024): _gemv(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
     (256, 4096, 1024): _tiled(64, 128, 64, 1, 4, 4),  # qkv_proj 7.81 us, cuBLAS 6.37 us
+    # (in the Qwen3 step, 2026-11-30, one process: this table 0.733 ms/token; o_proj n2 k256 w2 s8
+    # 0.750, n2 k512 w2 s4 0.743, n4 k256 w2 s8 0.745; qkv n8 k1024 0.749, n2 k1024 w2 0.759)
     (1, 1024, 2048): _gemv(2, 1024, 1, 2, 1),  # o_proj 3.87 us, cuBLAS 12.78 us
     (256, 1024, 2048): _tiled(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
     (1, 6144, 1024): _gemv(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.813 vs 0.870 ms/token
@@ -561,7 +563,9 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (1, 1024, 3072): _gemv(2, 256, 1, 2, 8),  # down_proj
     (256, 1024, 3072): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 9.50 us, cuBLAS 7.85 us
     # Qwen2.5-0.5B: hidden 896, heads 14/2 x 64, intermediate 4864, QKV bias
-    (1, 1152, 896): _gemv(2, 1024, 1, 2, 1),  # qkv_proj 3.06 us, cuBLAS 4.51 us
+    # qkv at 4 outputs a program as the article's (2 rotation pairs): 0.614 vs 0.623 ms/token in
+    # one process (H200, 2026-11-30); o_proj at 2 outputs 0.624, lm_head n16 k256 0.627: not kept
+    (1, 1152, 896): _gemv(4, 1024, 1, 4, 1),  # qkv_proj
     (256, 1152, 896): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.81 us, cuBLAS 5.05 us
     (1, 896, 896): _gemv(4, 1024, 1, 4, 2),  # o_proj 2.71 us, cuBLAS 4.68 us
     (256, 896, 896): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
