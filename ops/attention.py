@@ -458,7 +458,13 @@ def _check_args(
     validate.positive("scale", scale)
 
 
-def _check_scratch(scratch: DecodeScratch, q: torch.Tensor, splits: int) -> None:
+def _check_scratch(scratch: DecodeScratch, q: torch.Tensor, splits: int, others: dict) -> None:
+    """``scratch`` as :func:`decode_scratch` makes it: three fp32 buffers, sharing no memory with
+    each other or with ``others`` (the op's inputs and output)."""
+    if not isinstance(scratch, DecodeScratch):
+        raise TypeError(
+            f"scratch: expected a DecodeScratch from decode_scratch(), got {type(scratch).__name__}"
+        )
     rows = (*q.shape[:3], splits)
     for name, t, shape in (
         ("scratch.acc", scratch.acc, (*rows, q.shape[3])),
@@ -468,6 +474,8 @@ def _check_scratch(scratch: DecodeScratch, q: torch.Tensor, splits: int) -> None
         validate.tensor(name, t, dtypes=(torch.float32,))
         validate.shape(name, t, shape, "from decode_scratch(q, k_cache)")
         validate.contiguous(name, t)
+        validate.disjoint(name, t, others)
+        others = others | {name: t}
 
 
 def launch_prefill(
@@ -558,6 +566,8 @@ def attention(
             f"got {seq} tokens x {group} heads"
         )
     o = validate.output(out, q.shape, q.dtype, q)
+    inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": seq_lens}
+    validate.disjoint("out", o, inputs, in_place=("q",))  # a program reads its own q rows first
     if o.numel() == 0:
         return o
     scale = float(scale)
@@ -568,7 +578,8 @@ def attention(
     if scratch is None:
         scratch = _cached_scratch(q, k_cache, config)
     else:
-        _check_scratch(scratch, q, decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)[0])
+        splits = decode_splits(batch, k_cache.shape[2], k_cache.shape[1], config)[0]
+        _check_scratch(scratch, q, splits, inputs | {"out": o})
     launch_decode(q, k_cache, v_cache, seq_lens, scale, o, scratch, config)
     return o
 

@@ -43,6 +43,7 @@ def _binary_rows(
     a_rows = validate.as_rows(a_name, a)
     b_rows = validate.as_rows(b_name, b)
     result = validate.output(out, a.shape, a.dtype, a)
+    validate.disjoint("out", result, {a_name: a, b_name: b}, in_place=(a_name, b_name))
     rows, n = a_rows.shape
     if rows == 0 or n == 0:
         return result

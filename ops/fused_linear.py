@@ -75,12 +75,17 @@ def _check_norm_operands(
 
 
 def _norm_outputs(
-    out: tuple[torch.Tensor, torch.Tensor] | None, x: torch.Tensor, n: int
+    out: tuple[torch.Tensor, torch.Tensor] | None, x: torch.Tensor, y_shape: tuple[int, ...], inputs: dict
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The projection ``[M, N]`` and the residual sum ``[M, K]``: the caller's ``out`` or new."""
-    y_out, total_out = out if out is not None else (None, None)
-    y = validate.output(y_out, (x.shape[0], n), x.dtype, x, "out[0]")
-    return y, validate.output(total_out, tuple(x.shape), x.dtype, x, "out[1]")
+    """The projection ``y_shape`` and the residual sum ``[M, K]``: the caller's ``out`` or new.
+    Every program reads all of x and residual, so neither output may share their memory (nor
+    the weights', nor each other's): not even in place."""
+    y_out, total_out = validate.pair("out", out)
+    y = validate.output(y_out, y_shape, x.dtype, x, "out[0]")
+    total = validate.output(total_out, tuple(x.shape), x.dtype, x, "out[1]")
+    validate.disjoint("out[0]", y, inputs)
+    validate.disjoint("out[1]", total, inputs | {"out[0]": y})
+    return y, total
 
 
 def add_rms_norm_linear(
@@ -100,7 +105,8 @@ def add_rms_norm_linear(
     m, n, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
     _check_norm_operands(x, residual, norm_weight, eps, k)
     gemm.check_bias(bias, n, x)
-    y, total = _norm_outputs(out, x, n)
+    inputs = {"x": x, "residual": residual, "norm_weight": norm_weight, "weight": weight, "bias": bias}
+    y, total = _norm_outputs(out, x, (m, n), inputs)
     config = _fused_config(m, n, k)
     if config is None:
         h = _intermediate((m, k), x)
@@ -134,7 +140,8 @@ def add_rms_norm_linear_silu_mul(
         )
     _check_norm_operands(x, residual, norm_weight, eps, k)
     n = n2 // 2
-    y, total = _norm_outputs(out, x, n)
+    inputs = {"x": x, "residual": residual, "norm_weight": norm_weight, "weight": weight}
+    y, total = _norm_outputs(out, x, (m, n), inputs)
     config = _fused_config(m, n2, k)
     if config is None:
         h = _intermediate((m, k), x)
@@ -191,8 +198,11 @@ def add_rms_norm_linear_rope_kv_store(
             f"head_dim and kv heads, Hq >= 1), got shape {tuple(weight.shape)}"
         )
     rope_kv_store.check_cos_sin_caches(cos, sin, k_cache, v_cache, start_pos, batch, seq, dim, x)
-    total = validate.output(out[1] if out is not None else None, tuple(x.shape), x.dtype, x, "out[1]")
-    q = validate.output(out[0] if out is not None else None, (batch, seq, q_heads, dim), x.dtype, x, "out[0]")
+    inputs = {"x": x, "residual": residual, "norm_weight": norm_weight, "weight": weight, "bias": bias}
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        validate.disjoint(name, cache, inputs)
+    inputs |= {"cos": cos, "sin": sin, "k_cache": k_cache, "v_cache": v_cache, "start_pos": start_pos}
+    q, total = _norm_outputs(out, x, (batch, seq, q_heads, dim), inputs)
     config = _fused_config(m, n, k)
     if config is None or 2 * cos.shape[2] != dim:  # partial rotary: other rows pair up
         qkv = _intermediate((m, n), x, "fused qkv")

@@ -591,7 +591,7 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
     if m <= GEMV_MAX_M:
         block_n = 4 if n <= 2048 else 8 if n <= 16384 else 16
         # the per-step product is [rows, BLOCK_N, BLOCK_K]: fewer K per step for more rows
-        block_k = (1024 if k <= 1024 else 512) // triton.next_power_of_2(m)
+        block_k = (1024 if k <= 1024 else 512) // triton.next_power_of_2(max(m, 1))
         stages = 1 if k <= block_k else 3  # one K step: nothing to pipeline, plain wide loads
         return _gemv(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)
     if m <= 64:  # skinny: a 16..64-row tile, split K to fill the GPU
@@ -723,6 +723,8 @@ def check_bias(bias: torch.Tensor | None, n: int, x: torch.Tensor) -> None:
 
 
 def _check_split_k(split_k: object, k: int) -> None:
+    if k == 0:
+        raise ValueError("x: K = 0 leaves nothing to split (linear_splitk needs K >= 1)")
     if isinstance(split_k, bool) or not isinstance(split_k, int) or not 1 <= split_k <= min(k, MAX_SPLIT_K):
         raise ValueError(f"split_k: expected an int from 1 to min(K={k}, {MAX_SPLIT_K}), got {split_k!r}")
 
@@ -893,7 +895,22 @@ def launch(
         partials = validate.output(partials, (config.split_k, m, n), torch.float32, x, "partials")
     else:
         partials = None
+    _check_outputs(x, weight, bias, y, partials)
     return run(x, weight, bias, config, y, partials)
+
+
+def _check_outputs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    partials: torch.Tensor | None,
+) -> None:
+    """Programs read x, weight and bias while others write out and partials: no memory in common."""
+    inputs = {"x": x, "weight": weight, "bias": bias}
+    validate.disjoint("out", y, inputs | {"partials": partials})
+    if partials is not None:
+        validate.disjoint("partials", partials, inputs)
 
 
 def linear(
@@ -939,6 +956,7 @@ def linear_splitk(
         config = default_config(m, n, k)
     y = validate.output(out, (m, n), x.dtype, x)
     partials = validate.output(partials, (split_k, m, n), torch.float32, x, "partials")
+    _check_outputs(x, weight, None, y, partials)
     return run(x, weight, None, config, y, partials)
 
 
@@ -956,5 +974,6 @@ def splitk_reduce(
             f"partials: expected 1..{MAX_SPLIT_K} splits in dim 0, got shape {tuple(partials.shape)}"
         )
     y = validate.output(out, (m, n), out_dtype, partials)
+    validate.disjoint("out", y, {"partials": partials})
     _reduce(partials, None, y)
     return y

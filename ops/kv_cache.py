@@ -71,6 +71,9 @@ def kv_cache_store(
     validate.shape("start_pos", start_pos, (batch,), "one start row per batch entry")
     if seq > capacity:
         raise ValueError(f"k: {seq} new tokens do not fit a cache of capacity {capacity}")
+    read = {"k": k, "v": v, "start_pos": start_pos}
+    validate.disjoint("k_cache", k_cache, read)
+    validate.disjoint("v_cache", v_cache, read | {"k_cache": k_cache})
     if batch * seq * heads == 0:
         return
     _kv_cache_store_kernel[(batch * seq, heads)](

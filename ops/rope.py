@@ -66,9 +66,11 @@ def rope_cos_sin(
     validate.positive("base", base)
     batch, seq = positions.shape
     half = rotary_dim // 2
-    cos_out, sin_out = out if out is not None else (None, None)
+    cos_out, sin_out = validate.pair("out", out)
     cos = validate.output(cos_out, (batch, seq, half), torch.float32, positions, "out[0]")
     sin = validate.output(sin_out, (batch, seq, half), torch.float32, positions, "out[1]")
+    validate.disjoint("out[0]", cos, {"positions": positions})
+    validate.disjoint("out[1]", sin, {"positions": positions, "out[0]": cos})
     if batch * seq == 0:
         return cos, sin
     freqs = inv_freq(rotary_dim, base, positions.device)
@@ -180,6 +182,7 @@ def apply_rope(
     if not 0 < 2 * half <= dim:
         raise ValueError(f"cos: rotary_dim {2 * half} must be in 1..head_dim ({dim}) of x")
     result = validate.output(out, x.shape, x.dtype, x)
+    validate.disjoint("out", result, {"x": x, "cos": cos, "sin": sin}, in_place=("x",))
     if batch * seq * heads == 0:
         return result
     rest = dim - 2 * half

@@ -143,6 +143,10 @@ def rope_kv_store(
         validate.same_dtype("k_norm", k_norm, "q", q)
     half = cos.shape[-1]
     result = validate.output(out, q.shape, q.dtype, q)
+    read = {"q": q, "k": k, "v": v, "q_norm": q_norm, "k_norm": k_norm}
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        validate.disjoint(name, cache, read)
+    validate.disjoint("out", result, read | {"k_cache": k_cache, "v_cache": v_cache}, in_place=("q",))
     if batch * seq * (q_heads + kv_heads) == 0:
         return result
 
@@ -222,3 +226,6 @@ def check_cos_sin_caches(
     validate.shape("start_pos", start_pos, (batch,), "one start row per batch entry")
     if seq > capacity:
         raise ValueError(f"k: {seq} new tokens do not fit k_cache of capacity {capacity}")
+    read = {"cos": cos, "sin": sin, "start_pos": start_pos}
+    validate.disjoint("k_cache", k_cache, read)
+    validate.disjoint("v_cache", v_cache, read | {"k_cache": k_cache})

@@ -6,6 +6,7 @@ rank, shape, dtype, device and strides first and raise an error that names the a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -69,10 +70,52 @@ def contiguous(name: str, t: torch.Tensor) -> None:
 
 
 def positive(name: str, value: object, *, integer: bool = False) -> None:
+    """A positive int, or a positive finite number (NaN and inf would only spread through the output)."""
     kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-        want = "a positive int" if integer else "a positive number"
+    if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value < math.inf:
+        want = "a positive int" if integer else "a positive finite number"
         raise ValueError(f"{name}: expected {want}, got {value!r}")
+
+
+def pair(name: str, value: object) -> tuple[object, object]:
+    """An optional pair of outputs: ``None`` or a 2-tuple (either item may be None)."""
+    if value is None:
+        return None, None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name}: expected None or a pair of tensors, got {type(value).__name__}")
+    return value[0], value[1]
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may share memory: one storage and intersecting byte spans (so
+    interleaved views that touch no common element count too: the check is conservative)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    return a0 < b1 and b0 < a1
+
+
+def disjoint(name: str, t: torch.Tensor, others: dict[str, object], in_place: Sequence[str] = ()) -> None:
+    """``t``, which a kernel writes, shares no memory with ``others``, which it reads or writes too;
+    an op that works in place may be handed the very same tensor as one of ``in_place``."""
+    for other_name, other in others.items():
+        if not isinstance(other, torch.Tensor) or not overlap(t, other):
+            continue
+        view = (other.data_ptr(), other.shape, other.stride(), other.dtype)
+        if other_name in in_place and (t.data_ptr(), t.shape, t.stride(), t.dtype) == view:
+            continue
+        how = f" (in place it must be {other_name} itself)" if other_name in in_place else ""
+        raise ValueError(
+            f"{name}: shares memory with {other_name}, which the kernel reads while it writes {name}{how}; "
+            "pass a separate tensor"
+        )
 
 
 def as_row_grid(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -80,6 +123,8 @@ def as_row_grid(name: str, t: torch.Tensor) -> torch.Tensor:
     per-head rows of a fused QKV output (``[B, S, H, D]`` with a gap between tokens)."""
     if t.dim() == 1:
         return t.view(1, 1, -1)
+    if t.numel() == 0:  # nothing to view: the caller launches nothing
+        return t.new_empty((0, *t.shape[-2:]))
     try:
         return t.view(-1, t.shape[-2], t.shape[-1])
     except RuntimeError:
@@ -91,6 +136,8 @@ def as_row_grid(name: str, t: torch.Tensor) -> torch.Tensor:
 
 def as_rows(name: str, t: torch.Tensor) -> torch.Tensor:
     """View ``t[..., N]`` as ``[rows, N]`` without a copy, or refuse the layout."""
+    if t.numel() == 0:  # nothing to view: the caller launches nothing
+        return t.new_empty((math.prod(t.shape[:-1]), t.shape[-1]))
     try:
         return t.view(-1, t.shape[-1])
     except RuntimeError:

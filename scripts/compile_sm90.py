@@ -184,7 +184,17 @@ def run_ops(recorders: list[Recorder]) -> None:
                     cos = torch.empty(1, 1, cfg.head_dim // 2)
                     start = torch.zeros(1, dtype=torch.int32)
                     fused_linear.add_rms_norm_linear_rope_kv_store(
-                        x, torch.empty_like(x), norm, 1e-6, w, bias, cos, cos, cache, cache, start
+                        x,
+                        torch.empty_like(x),
+                        norm,
+                        1e-6,
+                        w,
+                        bias,
+                        cos,
+                        cos,
+                        cache,
+                        torch.empty_like(cache),
+                        start,
                     )
                     label(f"{preset} decode {proj.name}")
             if proj.name == "gate_up_proj":  # and the SwiGLU gate in the epilogue

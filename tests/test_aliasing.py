@@ -1,0 +1,210 @@
+"""Outputs that share memory with what a kernel reads, and the edges of the argument checks.
+
+A kernel whose output overlaps an input it is still reading returns a silently wrong result
+(an audit found it for ``linear(x, w, out=x)`` on the gemv path and for the fused norm+GEMM ops
+given the residual as their sum output), so the wrappers refuse any overlap except the exact
+in-place forms an op supports, which must still match the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ops import (
+    attention,
+    backend,
+    elementwise,
+    embedding,
+    fused_linear,
+    gemm,
+    kv_cache,
+    norm,
+    rope,
+    rope_kv_store,
+)
+from references import norm as ref_norm
+
+DEVICE = backend.device()
+BF16 = torch.bfloat16
+
+
+def randn(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=torch.float32).to(
+        DEVICE, dtype
+    )
+
+
+def test_overlap_is_by_storage_and_byte_span() -> None:
+    from ops.validate import overlap
+
+    base = randn(4, 8)
+    assert overlap(base, base[1:3])
+    assert not overlap(base[:2], base[2:])
+    assert not overlap(base, base.clone())
+    assert overlap(base[:, :4], base[:, 4:])  # interleaved rows: conservatively an overlap
+    assert not overlap(base[:0], base)
+
+
+def _linear_out_x():
+    x = randn(3, 64)
+    gemm.linear(x, randn(64, 64), out=x)
+
+
+def _fused_sum_is_residual():
+    x, res = randn(2, 32), randn(2, 32)
+    fused_linear.add_rms_norm_linear(x, res, randn(32), 1e-6, randn(48, 32), out=(randn(2, 48), res))
+
+
+def _silu_fused_sum_is_x():
+    x = randn(2, 32)
+    fused_linear.add_rms_norm_linear_silu_mul(
+        x, randn(2, 32), randn(32), 1e-6, randn(64, 32), out=(randn(2, 32), x)
+    )
+
+
+def _splitk_reduce_into_partials():
+    partials = randn(2, 3, 8, dtype=torch.float32)
+    gemm.splitk_reduce(partials, torch.float32, out=partials[0])
+
+
+def _add_rms_norm_same_outputs():
+    t = randn(2, 16)
+    norm.add_rms_norm(randn(2, 16), randn(2, 16), randn(16), 1e-6, out=(t, t))
+
+
+def _rope_table_same_outputs():
+    t = torch.empty(1, 2, 4, device=DEVICE)
+    rope.rope_cos_sin(torch.zeros(1, 2, dtype=torch.int32, device=DEVICE), 8, 1e4, out=(t, t))
+
+
+def _embedding_into_table():
+    table = randn(8, 16)
+    embedding.embedding(
+        torch.zeros(1, 2, dtype=torch.int64, device=DEVICE), table, out=table[:2].view(1, 2, 16)
+    )
+
+
+def _caches_alias():
+    cache = randn(1, 8, 2, 16)
+    kv_cache.kv_cache_store(
+        cache, cache, randn(1, 1, 2, 16), randn(1, 1, 2, 16), torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    )
+
+
+def _rope_kv_store_out_in_cache():
+    k_cache, v_cache = randn(1, 8, 1, 16), randn(1, 8, 1, 16)
+    cos = torch.ones(1, 1, 8, device=DEVICE)
+    q = randn(1, 1, 2, 16)
+    out = k_cache[:, :2].reshape(1, 1, 2, 16)
+    rope_kv_store.rope_kv_store(
+        q,
+        randn(1, 1, 1, 16),
+        randn(1, 1, 1, 16),
+        cos,
+        cos * 0,
+        k_cache,
+        v_cache,
+        torch.zeros(1, dtype=torch.int32, device=DEVICE),
+        out=out,
+    )
+
+
+def _attention_out_in_v_cache():
+    v_cache = randn(1, 8, 1, 64)
+    attention.attention(
+        randn(1, 1, 1, 64),
+        randn(1, 8, 1, 64),
+        v_cache,
+        torch.full((1,), 4, dtype=torch.int32, device=DEVICE),
+        0.125,
+        out=v_cache[:, :1],
+    )
+
+
+def _decode_scratch_max_is_sum():
+    q, k_cache = randn(1, 1, 1, 64), randn(1, 64, 1, 64)
+    scratch = attention.decode_scratch(q, k_cache)
+    attention.attention_decode(
+        q,
+        k_cache,
+        randn(1, 64, 1, 64),
+        torch.full((1,), 50, dtype=torch.int32, device=DEVICE),
+        0.125,
+        scratch=scratch._replace(max=scratch.sum),
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "names"),
+    [
+        (_linear_out_x, "out: shares memory with x"),
+        (_fused_sum_is_residual, "out[1]: shares memory with residual"),
+        (_silu_fused_sum_is_x, "out[1]: shares memory with x"),
+        (_splitk_reduce_into_partials, "out: shares memory with partials"),
+        (_add_rms_norm_same_outputs, "out[1]: shares memory with out[0]"),
+        (_rope_table_same_outputs, "out[1]: shares memory with out[0]"),
+        (_embedding_into_table, "out: shares memory with table"),
+        (_caches_alias, "v_cache: shares memory with k_cache"),
+        (_rope_kv_store_out_in_cache, "out: shares memory with k_cache"),
+        (_attention_out_in_v_cache, "out: shares memory with v_cache"),
+        (_decode_scratch_max_is_sum, "scratch.sum: shares memory with scratch.max"),
+    ],
+)
+def test_outputs_sharing_memory_with_what_the_kernel_reads_are_refused(call, names: str) -> None:
+    with pytest.raises(ValueError, match=names.replace("[", r"\[").replace("]", r"\]")):
+        call()
+
+
+def test_the_supported_in_place_forms_still_match_the_reference() -> None:
+    x, res, w = randn(3, 32), randn(3, 32), randn(32)
+    want = ref_norm.rms_norm(x, w, 1e-6)
+    assert torch.equal(norm.rms_norm(x, w, 1e-6, out=x), want.to(x.dtype))
+    x, res = randn(3, 32), randn(3, 32)
+    want_y, want_sum = norm.add_rms_norm(x.clone(), res.clone(), w, 1e-6)
+    y, total = norm.add_rms_norm(x, res, w, 1e-6, out=(x, res))
+    assert torch.equal(y, want_y) and torch.equal(total, want_sum)
+    a, b = randn(2, 16), randn(2, 16)
+    want = elementwise.add(a, b)
+    assert torch.equal(elementwise.add(a, b, out=b), want)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0.0])
+def test_eps_and_scale_must_be_positive_and_finite(bad: float) -> None:
+    with pytest.raises(ValueError, match="eps: expected a positive finite number"):
+        norm.rms_norm(randn(2, 16), randn(16), bad)
+    with pytest.raises(ValueError, match="scale: expected a positive finite number"):
+        attention.attention(
+            randn(1, 1, 1, 64),
+            randn(1, 8, 1, 64),
+            randn(1, 8, 1, 64),
+            torch.full((1,), 4, dtype=torch.int32, device=DEVICE),
+            bad,
+        )
+
+
+def test_empty_and_degenerate_shapes() -> None:
+    assert gemm.linear(randn(0, 32), randn(16, 32)).shape == (0, 16)
+    assert norm.rms_norm(randn(0, 65), randn(65), 1e-6).shape == (0, 65)
+    assert elementwise.silu_mul(randn(3, 0), randn(3, 0)).shape == (3, 0)
+    with pytest.raises(ValueError, match="table: expected at least one row"):
+        embedding.embedding(torch.zeros(1, 2, dtype=torch.int64, device=DEVICE), randn(0, 16))
+    with pytest.raises(ValueError, match="K = 0 leaves nothing to split"):
+        gemm.linear_splitk(randn(2, 0), randn(4, 0), 1)
+
+
+def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
+    with pytest.raises(TypeError, match="out: expected None or a pair of tensors"):
+        norm.add_rms_norm(randn(2, 16), randn(2, 16), randn(16), 1e-6, out=randn(2, 16))
+    with pytest.raises(TypeError, match="scratch: expected a DecodeScratch from decode_scratch"):
+        q, cache = randn(1, 1, 1, 64), randn(1, 64, 1, 64)
+        attention.attention_decode(
+            q,
+            cache,
+            cache.clone(),
+            torch.full((1,), 8, dtype=torch.int32, device=DEVICE),
+            0.125,
+            scratch=(1, 2, 3),
+        )
