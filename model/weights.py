@@ -126,7 +126,10 @@ def _tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, to
         by_file.setdefault(files[name], []).append(name)
     for file, file_names in by_file.items():
         with _open(file) as f:
+            held = set(f.keys())
             for name in file_names:
+                if name not in held:  # a shard index that maps the tensor to the wrong file
+                    raise WeightsError(f"{file}: holds no tensor {name}, though the shard index maps it here")
                 try:
                     yield name, f.get_tensor(name)
                 except (SafetensorError, OSError, ValueError) as exc:

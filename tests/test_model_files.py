@@ -139,6 +139,20 @@ def test_bad_shard_indexes_are_refused(
         model_weights.load(tmp_path, cfg, "cpu")
 
 
+def test_an_index_mapping_a_tensor_to_the_wrong_shard_names_both(tmp_path: Path) -> None:
+    cfg = TINY["qwen3"]
+    tensors = _tensors(cfg)
+    norm_weight = tensors.pop("model.norm.weight")
+    _write(tmp_path, tensors, cfg)
+    (tmp_path / "model.safetensors").rename(tmp_path / "rest.safetensors")
+    save_file({"model.norm.weight": norm_weight}, str(tmp_path / "norm.safetensors"))
+    _index(tmp_path, dict.fromkeys([*tensors, "model.norm.weight"], "rest.safetensors"))  # norm's is wrong
+    with pytest.raises(
+        WeightsError, match=r"holds no tensor model\.norm\.weight, though the shard index maps"
+    ):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
 def test_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
     cfg = TINY["qwen3"]
     _write(tmp_path, _tensors(cfg), cfg)
