@@ -209,9 +209,7 @@ def _parse(cfg: dict) -> ModelConfig:
     # transformers' defaults: qwen2/qwen3 default num_key_value_heads to 32 (not the head count),
     # so a checkpoint of theirs states it; Qwen3's head_dim defaults to 128, the others' to
     # hidden / heads; nothing is tied unless the config says so
-    kv_default = heads if family == "llama" else _MISSING
-    if family != "llama" and "num_key_value_heads" in cfg and cfg["num_key_value_heads"] is None:
-        kv_default = heads
+    kv_default = heads if family == "llama" or "num_key_value_heads" in cfg else _MISSING  # null: heads
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     vocab = _field(cfg, "vocab_size", "count")

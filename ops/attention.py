@@ -565,9 +565,8 @@ def attention(
             f"q: the decode path holds at most {DECODE_MAX_ROWS} query rows per kv head, "
             f"got {seq} tokens x {group} heads"
         )
-    o = validate.output(out, q.shape, q.dtype, q)
     inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": seq_lens}
-    validate.disjoint("out", o, inputs, in_place=("q",))  # a program reads its own q rows first
+    o = validate.output(out, q.shape, q.dtype, q, reads=inputs, in_place=("q",))  # q rows read first
     if o.numel() == 0:
         return o
     scale = float(scale)

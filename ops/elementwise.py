@@ -42,8 +42,9 @@ def _binary_rows(
     validate.same_dtype(b_name, b, a_name, a)
     a_rows = validate.as_rows(a_name, a)
     b_rows = validate.as_rows(b_name, b)
-    result = validate.output(out, a.shape, a.dtype, a)
-    validate.disjoint("out", result, {a_name: a, b_name: b}, in_place=(a_name, b_name))
+    result = validate.output(
+        out, a.shape, a.dtype, a, reads={a_name: a, b_name: b}, in_place=(a_name, b_name)
+    )
     rows, n = a_rows.shape
     if rows == 0 or n == 0:
         return result

@@ -53,8 +53,9 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
     vocab, hidden = table.shape
     if vocab == 0:  # an id outside the table reads row 0 (and writes NaN): there must be one
         raise ValueError(f"table: expected at least one row, got shape {tuple(table.shape)}")
-    result = validate.output(out, (batch, seq, hidden), table.dtype, table)
-    validate.disjoint("out", result, {"table": table, "ids": ids})
+    result = validate.output(
+        out, (batch, seq, hidden), table.dtype, table, reads={"table": table, "ids": ids}
+    )
     if batch * seq == 0 or hidden == 0:
         return result
     grid = (batch * seq, triton.cdiv(hidden, BLOCK_H))

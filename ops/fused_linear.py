@@ -81,11 +81,8 @@ def _norm_outputs(
     Every program reads all of x and residual, so neither output may share their memory (nor
     the weights', nor each other's): not even in place."""
     y_out, total_out = validate.pair("out", out)
-    y = validate.output(y_out, y_shape, x.dtype, x, "out[0]")
-    total = validate.output(total_out, tuple(x.shape), x.dtype, x, "out[1]")
-    validate.disjoint("out[0]", y, inputs)
-    validate.disjoint("out[1]", total, inputs | {"out[0]": y})
-    return y, total
+    y = validate.output(y_out, y_shape, x.dtype, x, "out[0]", reads=inputs)
+    return y, validate.output(total_out, tuple(x.shape), x.dtype, x, "out[1]", reads=inputs | {"out[0]": y})
 
 
 def add_rms_norm_linear(

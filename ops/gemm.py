@@ -888,29 +888,30 @@ def launch(
     ``config.split_k`` is taken as given (trailing splits may be empty when K is short; they add
     zeros); with ``split_k > 1``, ``partials`` is fp32 ``[split_k, M, N]`` or None (allocated here).
     """
-    m, n, _ = check_operands(x, weight)
+    _, n, _ = check_operands(x, weight)
     check_bias(bias, n, x)
-    y = validate.output(out, (m, n), x.dtype, x)
-    if config.split_k > 1:
-        partials = validate.output(partials, (config.split_k, m, n), torch.float32, x, "partials")
-    else:
-        partials = None
-    _check_outputs(x, weight, bias, y, partials)
+    y, partials = _outputs(x, weight, bias, out, partials, config.split_k if config.split_k > 1 else None)
     return run(x, weight, bias, config, y, partials)
 
 
-def _check_outputs(
+def _outputs(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    y: torch.Tensor,
+    out: torch.Tensor | None,
     partials: torch.Tensor | None,
-) -> None:
-    """Programs read x, weight and bias while others write out and partials: no memory in common."""
+    splits: int | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``out [M, N]`` and fp32 ``partials [splits, M, N]`` (None without ``splits``): checked or
+    new. Programs read x, weight and bias while others write these, so they share no memory."""
+    m, n = x.shape[0], weight.shape[0]
     inputs = {"x": x, "weight": weight, "bias": bias}
-    validate.disjoint("out", y, inputs | {"partials": partials})
-    if partials is not None:
-        validate.disjoint("partials", partials, inputs)
+    if splits is None:
+        partials = None
+    else:
+        partials = validate.output(partials, (splits, m, n), torch.float32, x, "partials", reads=inputs)
+    y = validate.output(out, (m, n), x.dtype, x, reads=inputs | {"partials": partials})
+    return y, partials
 
 
 def linear(
@@ -954,9 +955,7 @@ def linear_splitk(
     config = config_for(m, n, k)
     if m > GEMV_MAX_M and config.kernel == "gemv":
         config = default_config(m, n, k)
-    y = validate.output(out, (m, n), x.dtype, x)
-    partials = validate.output(partials, (split_k, m, n), torch.float32, x, "partials")
-    _check_outputs(x, weight, None, y, partials)
+    y, partials = _outputs(x, weight, None, out, partials, split_k)
     return run(x, weight, None, config, y, partials)
 
 
@@ -973,7 +972,6 @@ def splitk_reduce(
         raise ValueError(
             f"partials: expected 1..{MAX_SPLIT_K} splits in dim 0, got shape {tuple(partials.shape)}"
         )
-    y = validate.output(out, (m, n), out_dtype, partials)
-    validate.disjoint("out", y, {"partials": partials})
+    y = validate.output(out, (m, n), out_dtype, partials, reads={"partials": partials})
     _reduce(partials, None, y)
     return y

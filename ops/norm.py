@@ -75,8 +75,7 @@ def rms_norm(
     n = _check_norm_args(x, weight, eps)
     validate.same_dtype("weight", weight, "x", x)
     grid = validate.as_row_grid("x", x)  # per-head rows of a fused QKV view work too (qk-norm)
-    y = validate.output(out, x.shape, x.dtype, x)
-    validate.disjoint("out", y, {"x": x, "weight": weight}, in_place=("x",))
+    y = validate.output(out, x.shape, x.dtype, x, reads={"x": x, "weight": weight}, in_place=("x",))
     outer, per_outer = grid.shape[0], grid.shape[1]
     if outer * per_outer == 0 or n == 0:
         return y
@@ -114,11 +113,12 @@ def add_rms_norm(
     x_rows = validate.as_rows("x", x)
     r_rows = validate.as_rows("residual", residual)
     y_out, sum_out = validate.pair("out", out)
-    y = validate.output(y_out, x.shape, x.dtype, x, "out[0]")
-    total = validate.output(sum_out, x.shape, x.dtype, x, "out[1]")
     inputs = {"x": x, "residual": residual, "weight": weight}  # each program reads its row first
-    validate.disjoint("out[0]", y, inputs, in_place=("x", "residual"))
-    validate.disjoint("out[1]", total, inputs | {"out[0]": y}, in_place=("x", "residual"))
+    in_place = ("x", "residual")
+    y = validate.output(y_out, x.shape, x.dtype, x, "out[0]", reads=inputs, in_place=in_place)
+    total = validate.output(
+        sum_out, x.shape, x.dtype, x, "out[1]", reads=inputs | {"out[0]": y}, in_place=in_place
+    )
     if x_rows.shape[0] == 0 or n == 0:
         return y, total
     block, warps = _launch_config(n)

@@ -67,10 +67,11 @@ def rope_cos_sin(
     batch, seq = positions.shape
     half = rotary_dim // 2
     cos_out, sin_out = validate.pair("out", out)
-    cos = validate.output(cos_out, (batch, seq, half), torch.float32, positions, "out[0]")
-    sin = validate.output(sin_out, (batch, seq, half), torch.float32, positions, "out[1]")
-    validate.disjoint("out[0]", cos, {"positions": positions})
-    validate.disjoint("out[1]", sin, {"positions": positions, "out[0]": cos})
+    reads = {"positions": positions}
+    cos = validate.output(cos_out, (batch, seq, half), torch.float32, positions, "out[0]", reads=reads)
+    sin = validate.output(
+        sin_out, cos.shape, torch.float32, positions, "out[1]", reads=reads | {"out[0]": cos}
+    )
     if batch * seq == 0:
         return cos, sin
     freqs = inv_freq(rotary_dim, base, positions.device)
@@ -181,8 +182,8 @@ def apply_rope(
     validate.shape("sin", sin, cos.shape, "the shape of cos")
     if not 0 < 2 * half <= dim:
         raise ValueError(f"cos: rotary_dim {2 * half} must be in 1..head_dim ({dim}) of x")
-    result = validate.output(out, x.shape, x.dtype, x)
-    validate.disjoint("out", result, {"x": x, "cos": cos, "sin": sin}, in_place=("x",))
+    reads = {"x": x, "cos": cos, "sin": sin}
+    result = validate.output(out, x.shape, x.dtype, x, reads=reads, in_place=("x",))
     if batch * seq * heads == 0:
         return result
     rest = dim - 2 * half

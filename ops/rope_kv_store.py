@@ -142,11 +142,11 @@ def rope_kv_store(
         validate.same_dtype("q_norm", q_norm, "q", q)
         validate.same_dtype("k_norm", k_norm, "q", q)
     half = cos.shape[-1]
-    result = validate.output(out, q.shape, q.dtype, q)
     read = {"q": q, "k": k, "v": v, "q_norm": q_norm, "k_norm": k_norm}
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         validate.disjoint(name, cache, read)
-    validate.disjoint("out", result, read | {"k_cache": k_cache, "v_cache": v_cache}, in_place=("q",))
+    read |= {"k_cache": k_cache, "v_cache": v_cache}
+    result = validate.output(out, q.shape, q.dtype, q, reads=read, in_place=("q",))
     if batch * seq * (q_heads + kv_heads) == 0:
         return result
 

@@ -81,8 +81,7 @@ def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Te
         raise ValueError(
             f"logits: expected a vocabulary of at least 1 entry, got shape {tuple(logits.shape)}"
         )
-    result = validate.output(out, (batch,), torch.int64, logits)
-    validate.disjoint("out", result, {"logits": logits})
+    result = validate.output(out, (batch,), torch.int64, logits, reads={"logits": logits})
     if batch == 0:
         return result
     block = INTERPRETER_BLOCK_V if backend.is_interpreter() else BLOCK_V

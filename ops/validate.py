@@ -148,9 +148,18 @@ def as_rows(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def output(
-    out: torch.Tensor | None, shape: Sequence[int], dtype: torch.dtype, like: torch.Tensor, name: str = "out"
+    out: torch.Tensor | None,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    like: torch.Tensor,
+    name: str = "out",
+    *,
+    reads: dict[str, object] | None = None,
+    in_place: Sequence[str] = (),
 ) -> torch.Tensor:
-    """A new contiguous output, or the caller's preallocated one (CUDA Graph decode) once checked."""
+    """A new contiguous output, or the caller's preallocated one (CUDA Graph decode) once checked:
+    its shape, dtype and layout, and that it shares no memory with ``reads`` (see :func:`disjoint`;
+    a new one cannot)."""
     if out is None:
         return torch.empty(tuple(shape), dtype=dtype, device=like.device)
     tensor(name, out, dtypes=(dtype,))
@@ -158,4 +167,5 @@ def output(
     if tuple(out.shape) != shape_:
         raise ValueError(f"{name}: expected shape {shape_}, got {tuple(out.shape)}")
     contiguous(name, out)
+    disjoint(name, out, reads or {}, in_place)
     return out
