@@ -16,6 +16,11 @@ def rms_norm_wrong_eps(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return norm.rms_norm(x, weight, 0.1)
 
 
+def rms_norm_in_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """fp32 inputs silently computed in bf16: off by bf16 rounding, far outside fp32's tolerance."""
+    return norm.rms_norm(x.bfloat16(), weight.bfloat16(), eps).to(x.dtype)
+
+
 def add_rms_norm_wrong_eps(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -74,7 +74,7 @@ def test_bisect_names_the_injected_layer_and_op(tmp_path: Path, inject: str, lay
     repro = report["culprit"]["repro"].split()
     assert repro[:4] == ["python", "-m", "verify.op", op]
     rerun = cli("verify.op", *repro[3:])
-    assert rerun.returncode == 1, rerun.stdout + rerun.stderr
+    assert rerun.returncode == 1 and "DIVERGES" in rerun.stdout, rerun.stdout + rerun.stderr
 
 
 def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:

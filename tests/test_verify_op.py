@@ -101,3 +101,25 @@ def test_inputs_that_are_not_a_recording_for_this_op_exit_2(tmp_path: Path) -> N
         run = verify_op("rms_norm", "--inputs", str(path))
         assert run.returncode == 2, run.stdout + run.stderr
         assert message in run.stderr
+
+
+def test_inputs_are_judged_at_their_recorded_dtype(tmp_path: Path) -> None:
+    """A recording's tolerance is its first float argument's dtype: fp32 inputs computed in bf16
+    diverge (judged as bf16 they had passed); a recording without float inputs (rope_cos_sin's
+    positions) is judged at fp32 and verifies."""
+    import torch
+
+    fp32 = tmp_path / "fp32.pt"
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(4, 64, generator=gen), torch.randn(64, generator=gen), 1e-6)
+    torch.save({"op": "rms_norm", "args": args}, fp32)
+    run = verify_op("rms_norm", "--inputs", str(fp32), "--impl", "tests/buggy_ops.py:rms_norm_in_bf16")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES" in run.stdout and "float32" in run.stdout
+    assert verify_op("rms_norm", "--inputs", str(fp32)).returncode == 0
+
+    positions = tmp_path / "positions.pt"
+    ids = torch.arange(6, dtype=torch.int32)[None]
+    torch.save({"op": "rope_cos_sin", "args": (ids, 32, 10000.0)}, positions)
+    run = verify_op("rope_cos_sin", "--inputs", str(positions))
+    assert run.returncode == 0, run.stdout + run.stderr

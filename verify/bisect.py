@@ -150,7 +150,7 @@ def check_recorded_ops(
 ) -> list[OpResult]:
     """Run each Triton op of ``layer`` on the reference's inputs to that op; judge with the op's tolerance."""
     import registry
-    from verify.cases import Case
+    from verify import cases
     from verify.compare import check, clone_preserving_layout, describe_inputs
 
     results = []
@@ -160,9 +160,7 @@ def check_recorded_ops(
         spec = registry.get(call.op)
         impl = triton.overrides.get((call.op, layer), triton.impls[call.op])
         file = save_dir / f"step{step}-layer{layer}-{call.point}-{call.op}.pt"
-        floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
-        dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")  # picks the tolerance
-        case = Case({"inputs": str(file), "dtype": dtype}, args)
+        case = cases.recorded(str(file), args)
         result = check(spec, case, impl, impl_specs.get((call.op, layer)))
         shapes = describe_inputs(case)
         if not result.passed:

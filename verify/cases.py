@@ -43,6 +43,14 @@ def dtype_of(params: dict[str, Any]) -> torch.dtype:
     return DTYPES[name]
 
 
+def recorded(path: str, args: tuple) -> Case:
+    """The case of one recorded op call (``verify.bisect``'s inputs): its dtype, which picks the
+    tolerance, is that of the first floating-point argument (float32 where there is none)."""
+    floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+    dtype = str(floats[0] if floats else torch.float32).removeprefix("torch.")
+    return Case({"inputs": path, "dtype": dtype}, args)
+
+
 def generator(params: dict[str, Any], device: torch.device) -> torch.Generator:
     gen = torch.Generator(device=device)
     gen.manual_seed(int(params.get("seed", 0)))

@@ -195,7 +195,7 @@ def _recorded_case(spec, path: str):
     import torch
 
     from ops import backend
-    from verify.cases import Case
+    from verify.cases import recorded
     from verify.cli import UsageError
     from verify.compare import clone_preserving_layout
 
@@ -218,7 +218,7 @@ def _recorded_case(spec, path: str):
     device = backend.device()
     args = saved["args"]
     moved = tuple(clone_preserving_layout(a, device) if isinstance(a, torch.Tensor) else a for a in args)
-    return Case({"inputs": path}, moved)
+    return recorded(path, moved)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from references.rope import rope_cos_sin
 from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
 from verify.strategies.kv_cache import _starts
-from verify.strategies.rope import BASES, _rotary_dim
+from verify.strategies.rope import BASES, TABLES, _rotary_dim, rope_tables
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
 
@@ -221,6 +220,7 @@ def add_rms_norm_linear_rope_kv_store_params(limits: Limits) -> st.SearchStrateg
         "extra_rows": st.integers(0, 6),  # cache rows beyond S
         "starts": st.sampled_from(["random", "zero", "end", "overflow"]),
         "base": st.sampled_from(BASES),
+        "tables": st.sampled_from(TABLES),
     }
     del fields["n"]
 
@@ -245,7 +245,8 @@ def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) 
     v_cache = values((b, capacity, hkv, d), dtype, "normal", gen, device)
     start_pos = _starts({**params, "s": s, "capacity": capacity}, gen, device)
     positions = start_pos.long()[:, None] + torch.arange(s, device=device)
-    cos, sin = rope_cos_sin(positions, _rotary_dim(params), params["base"])
+    tables = params.get("tables", "shared")
+    cos, sin = rope_tables(positions, _rotary_dim(params), params["base"], tables)
     labels = labels_for(params, B=b, S=s, Hkv=hkv, D=d, K=params["k"])
     labels += [
         "fused gemv" if b * s <= 4 and params["rotary"] == "full" else "composed",
@@ -256,6 +257,7 @@ def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) 
         f"x {params['x_layout']}",
         f"residual {params['residual_layout']}",
         "bias" if params["bias"] else "no bias",
+        f"cos/sin {tables}",
     ]
     args = (x, residual, norm_weight, params["eps"], weight, bias, cos, sin, k_cache, v_cache, start_pos)
     return Case(params, args, labels=tuple(labels))

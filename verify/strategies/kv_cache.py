@@ -1,5 +1,6 @@
 """Cases for ``kv_cache_store``: caches pre-filled with random data (stray writes show), k and v
-as head slices of the fused QKV output, per-row start positions, rows past the capacity."""
+as head slices of the fused QKV output (or one of them contiguous), per-row start positions, rows
+past the capacity."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def kv_cache_store_params(limits: Limits) -> st.SearchStrategy[dict]:
             "head_dim": st.sampled_from([2, 16, 34, 64, 128, 256]),
             "q_heads": st.integers(0, 4),  # query heads before k in the fused QKV row
             "starts": st.sampled_from(["random", "zero", "end", "overflow"]),
+            # k and v as head slices of one QKV row, or one of them contiguous (the unfused model
+            # hands over a rotated, contiguous k beside a slice v): their strides then differ
+            "layout": st.sampled_from(["qkv_slices", "k_contiguous", "v_contiguous"]),
             **common(dists=("normal", "large")),
         }
     ).filter(lambda p: p["s"] <= p["capacity"])
@@ -48,8 +52,13 @@ def kv_cache_store_build(params: dict, device: torch.device) -> Case:
     qh = params["q_heads"]
     qkv = values((b, s, qh + 2 * h, d), dtype, params["dist"], gen, device)
     k, v = qkv[:, :, qh : qh + h], qkv[:, :, qh + h :]
+    layout = params.get("layout", "qkv_slices")
+    if layout == "k_contiguous":
+        k = k.contiguous()
+    elif layout == "v_contiguous":
+        v = v.contiguous()
     labels = labels_for(params, S=s, L=cap, H=h)
-    labels += [f"start {params['starts']}", "non-contiguous"]
+    labels += [f"start {params['starts']}", f"k/v {layout}", "non-contiguous"]
     return Case(params, (k_cache, v_cache, k, v, _starts(params, gen, device)), labels=tuple(labels))
 
 

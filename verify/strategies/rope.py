@@ -27,6 +27,25 @@ def _positions(params: dict, gen: torch.Generator, device: torch.device) -> torc
     return buffer[:, 1 : s + 1]
 
 
+# cos and sin as one rope_cos_sin call makes them, or sin with strides of its own
+TABLES = ("shared", "sin_padded")
+
+
+def rope_tables(
+    positions: torch.Tensor, rotary_dim: int, base: float, tables: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference cos and sin ``[B, S, rotary_dim / 2]`` for ``positions``; with ``"sin_padded"``
+    sin is a view into a wider buffer, so its row strides differ from cos's (a kernel that
+    addresses sin with cos's strides reads the wrong rows)."""
+    cos, sin = rope_cos_sin(positions, rotary_dim, base)
+    if tables == "sin_padded":
+        n = sin.shape[-1]
+        wide = torch.full((*sin.shape[:-1], n + 3), float("nan"), dtype=sin.dtype, device=sin.device)
+        wide[..., :n] = sin
+        sin = wide[..., :n]
+    return cos, sin
+
+
 def _position_fields(limits: Limits) -> dict:
     return {
         "b": size(limits.batch, AWKWARD),
@@ -62,6 +81,7 @@ def apply_rope_params(limits: Limits) -> st.SearchStrategy[dict]:
             "head_dim": st.sampled_from(HEAD_DIMS),
             "rotary": st.sampled_from(["full", "half", "quarter"]),
             "head_offset": st.integers(0, 3),  # x starts this many heads into the fused QKV row
+            "tables": st.sampled_from(TABLES),
             **common(),
         }
     )
@@ -78,9 +98,10 @@ def apply_rope_build(params: dict, device: torch.device) -> Case:
     b, s, h, d, off = params["b"], params["s"], params["heads"], params["head_dim"], params["head_offset"]
     qkv = values((b, s, off + h + 2, d), dtype_of(params), params["dist"], gen, device)
     x = qkv[:, :, off : off + h]
-    cos, sin = rope_cos_sin(_positions(params, gen, device), _rotary_dim(params), params["base"])
+    tables = params.get("tables", "shared")
+    cos, sin = rope_tables(_positions(params, gen, device), _rotary_dim(params), params["base"], tables)
     labels = labels_for(params, S=s, H=h, D=d)
-    labels += [f"rotary {params['rotary']}", "non-contiguous"]
+    labels += [f"rotary {params['rotary']}", f"cos/sin {tables}", "non-contiguous"]
     return Case(params, (x, cos, sin), labels=tuple(labels))
 
 

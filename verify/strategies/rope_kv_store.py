@@ -10,16 +10,17 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from references.rope import rope_cos_sin
 from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, replace
 from verify.strategies.kv_cache import _starts
 from verify.strategies.norm import _weight
-from verify.strategies.rope import BASES, COS_SIN_INVALID, HEAD_DIMS, _rotary_dim
+from verify.strategies.rope import BASES, COS_SIN_INVALID, HEAD_DIMS, TABLES, _rotary_dim, rope_tables
 
 # q, k, v: head slices of one fused QKV row (with padding past the row, or not), or own tensors
-LAYOUTS = ("fused", "fused_padded", "separate")
+# q, k, v: head slices of one QKV row (padded: a wider row), three contiguous tensors, or mixed
+# (k contiguous beside q and v slices, as the unfused model hands them over): k and v strides differ
+LAYOUTS = ("fused", "fused_padded", "separate", "mixed")
 
 
 def _budget(limits: Limits) -> int:
@@ -52,6 +53,7 @@ def rope_kv_store_params(draw: st.DrawFn, limits: Limits) -> dict:
         "norm_weight": draw(st.sampled_from(["normal", "ones"])),
         "eps": draw(st.sampled_from([1e-6, 1e-5])),
         "layout": draw(st.sampled_from(LAYOUTS)),
+        "tables": draw(st.sampled_from(TABLES)),
         "base": draw(st.sampled_from(BASES)),
         **{k: draw(v) for k, v in common().items()},
     }
@@ -69,7 +71,8 @@ def _qkv(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torc
     pad = 3 if params["layout"] == "fused_padded" else 0
     qkv = values((b * s, width + pad), dtype, dist, gen, device)[:, :width]
     heads = qkv.unflatten(0, (b, s)).unflatten(2, (hq + 2 * hkv, d))
-    return heads[:, :, :hq], heads[:, :, hq : hq + hkv], heads[:, :, hq + hkv :]
+    q, k, v = heads[:, :, :hq], heads[:, :, hq : hq + hkv], heads[:, :, hq + hkv :]
+    return (q, k.contiguous(), v) if params["layout"] == "mixed" else (q, k, v)
 
 
 def rope_kv_store_build(params: dict, device: torch.device) -> Case:
@@ -81,7 +84,8 @@ def rope_kv_store_build(params: dict, device: torch.device) -> Case:
     v_cache = values((b, cap, hkv, d), dtype, "normal", gen, device)
     start_pos = _starts(params, gen, device)
     positions = start_pos.long()[:, None] + torch.arange(s, device=device)
-    cos, sin = rope_cos_sin(positions, _rotary_dim(params), params["base"])
+    tables = params.get("tables", "shared")
+    cos, sin = rope_tables(positions, _rotary_dim(params), params["base"], tables)
     q_norm = k_norm = None
     if params["qk_norm"]:
         weight_params = {"n": d, "weight": params["norm_weight"], "dtype": params["dtype"]}
@@ -94,6 +98,7 @@ def rope_kv_store_build(params: dict, device: torch.device) -> Case:
         f"rotary {params['rotary']}",
         "qk-norm" if params["qk_norm"] else "no qk-norm",
         f"layout {params['layout']}",
+        f"cos/sin {tables}",
     ]
     if params["layout"] != "separate":
         labels.append("non-contiguous")
