@@ -120,7 +120,9 @@ def _register_use(ptx: str) -> tuple[int, int]:
         ).stderr  # fmt: skip
     registers = re.search(r"Used (\d+) registers", report)
     spills = re.search(r"(\d+) bytes spill stores", report)
-    return int(registers.group(1)) if registers else -1, int(spills.group(1)) if spills else 0
+    if registers is None or spills is None:  # a changed report format must not read as "no spills"
+        raise RuntimeError(f"ptxas -v: no register or spill line in {report.strip()[:200]!r}")
+    return int(registers.group(1)), int(spills.group(1))
 
 
 def _programs_per_sm(registers: int, threads: int, shared: int) -> int:

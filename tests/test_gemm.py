@@ -243,7 +243,9 @@ def test_cuda_graph_capture_allocates_nothing(m: int, n: int, k: int, own_partia
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out.float(), x.float() @ w.float().T, rtol=1e-2, atol=2e-2)
+    # the replay read the new x: the same kernel launched eagerly on it gives the same bits
+    # (accuracy itself is test_ops' business)
+    torch.testing.assert_close(out, gemm.linear(x, w), rtol=0, atol=0)
 
 
 @pytest.mark.gpu

@@ -15,6 +15,8 @@ from model.config import ModelConfig
 from model.generate import check_prompt, generate, prefill
 from model.graph import DecodeRunner
 from ops import backend, pdl
+from references.precision import computing_in
+from verify import tolerances
 
 DEVICE = backend.device()
 CONFIGS = {
@@ -33,8 +35,15 @@ def test_triton_prefill_logits_match_reference(family: str) -> None:
     ref, tri = _models(family, batch=2)
     ids = torch.randint(0, 120, (2, 11), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     expected, got = prefill(ref, ids).float(), prefill(tri, ids).float()
-    rel = float((got - expected).norm() / expected.norm())
-    assert rel < 1e-2, f"relative L2 {rel:.3g}"
+    with computing_in(torch.bfloat16):  # plain bf16 torch: the yardstick of the tolerances
+        plain = prefill(ref, ids).float()
+
+    def rel(x: torch.Tensor) -> float:
+        return float((x - expected).norm() / expected.norm())
+
+    # no worse than plain bf16 torch, as bisect requires of every layer ([bisect] in tolerances.toml)
+    factor = tolerances.setting("bisect", "layer_error_factor")
+    assert rel(got) <= factor * rel(plain), f"relative L2 {rel(got):.3g}, plain bf16 torch {rel(plain):.3g}"
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))

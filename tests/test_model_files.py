@@ -23,7 +23,8 @@ TINY = {
 
 def hf_checkpoint(directory: Path, config: ModelConfig, shards: int = 1) -> dict[str, torch.Tensor]:
     """Write a checkpoint with HF transformers' own model class (real tensor names)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a test dependency: imported here, as only these tests need it
+
     directory.mkdir(parents=True, exist_ok=True)
     hf_config = transformers.AutoConfig.for_model(**model_config.to_hf_dict(config))
     torch.manual_seed(0)

@@ -295,8 +295,14 @@ ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_EXAMPLES = (
                       gpu=False),
 )  # fmt: skip
 
+
+def _weight_row_dropped(args: dict) -> None:
+    """One weight row fewer, and no bias (whose length would be refused first)."""
+    args["weight"], args["bias"] = args["weight"][:-1], None
+
+
 ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_INVALID = (
-    Invalid("weight rows not heads of D", "weight", replace("weight", lambda w: w[:-1])),
+    Invalid("weight rows not heads of D", "weight", _weight_row_dropped),
     Invalid("residual of another shape", "residual", replace("residual", lambda r: r[:, :-1])),
     Invalid("bias of the wrong length", "bias", replace("bias", lambda b: b[:-1])),
     Invalid("cos for another token count", "cos", replace("cos", lambda c: c[:, :0])),
