@@ -195,7 +195,7 @@ register(OpSpec(
     s_gemm.splitk_reduce_params, s_gemm.splitk_reduce_build, (21,),
     s_gemm.SPLITK_REDUCE_EXAMPLES, s_gemm.SPLITK_REDUCE_INVALID,
 ))
-register(OpSpec(  # decode's QKV and gate/up GEMMs with the norm before them in their prologue
+register(OpSpec(  # decode's QKV GEMM with qk-norm models: the norm before it in its prologue
     "add_rms_norm_linear", fused_linear.add_rms_norm_linear, references.fused_linear.add_rms_norm_linear,
     s_fused_linear.add_rms_norm_linear_params, s_fused_linear.add_rms_norm_linear_build, (11, 12, 13),
     s_fused_linear.ADD_RMS_NORM_LINEAR_EXAMPLES, s_fused_linear.ADD_RMS_NORM_LINEAR_INVALID,

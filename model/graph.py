@@ -36,7 +36,7 @@ class DecodeRunner:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def _step(self) -> None:
-        """The captured step: forward one token per row, then greedy argmax, all into static buffers."""
+        """The captured step: forward ``new_tokens`` per row, then greedy argmax, all into static buffers."""
         model = self.model
         model.static = True
         try:

@@ -1,7 +1,8 @@
 """The Triton decoder: the shared forward (model/decoder.py) run on the kernels in ``ops/``.
 
-Prefill runs eagerly; decode steps run through ``model.graph.DecodeRunner``, which switches
-the decoder to static buffers and captures one step in a CUDA Graph.
+Prefill runs eagerly, or captured per prompt length (``DecodeRunner(new_tokens=S)``); decode
+steps run through ``model.graph.DecodeRunner``, which switches the decoder to static buffers and
+captures one step in a CUDA Graph.
 """
 
 from __future__ import annotations

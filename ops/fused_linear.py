@@ -1,9 +1,11 @@
-"""Projections with the op before them fused into the weight stream (decode's kernel count).
+"""Projections with the ops around them fused into the weight stream (decode's kernel count).
 
 At decode the model is a chain of small kernels, each costing ~1-2 us even inside a CUDA
-Graph, so two of them are folded into the GEMM that consumes their output:
+Graph, so the op before a GEMM runs in its prologue and, where a program holds what it needs,
+the op after it in its epilogue. Three fused ops:
 
-* ``add_rms_norm_linear``: residual add + RMSNorm + projection (the QKV and gate/up GEMMs).
+* ``add_rms_norm_linear``: residual add + RMSNorm + projection (the QKV GEMM of models with
+  qk-norm, whose ``rope_kv_store`` needs whole heads and so runs after it).
   Every gemv program recomputes the row's rms from ``x + residual`` (K <= a few thousand: a
   few KB read from L2) and normalizes each chunk as it loads it; the programs of the first
   output block also write ``x + residual``, the next residual stream.
@@ -18,8 +20,9 @@ Graph, so two of them are folded into the GEMM that consumes their output:
 
 Each fused value is rounded to the input dtype exactly where the unfused op would round its
 output, so the result is the unfused composition's, up to fp32 summation order. Past the
-gemv sizes (M > 4: prefill, compute bound) the ops run as that composition: the norm or
-SwiGLU kernel into a cached scratch, then ``linear``.
+gemv sizes (M > 4: prefill, compute bound), and for RoPE over part of the head, the ops run as
+that composition through cached scratch: the norm kernel, ``linear``, then ``silu_mul`` or
+``rope_kv_store``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ops import elementwise, gemm, norm, rope_kv_store, scratch, validate
 def _intermediate(
     shape: tuple[int, int], like: torch.Tensor, name: str = "fused intermediate"
 ) -> torch.Tensor:
-    """The composed (M > 4) path's normalized or SwiGLU rows (see ``ops.scratch``)."""
+    """The composed path's normalized rows, gate/up sums or QKV rows (see ``ops.scratch``)."""
     return scratch.cached(
         name,
         (like.device, shape, like.dtype),

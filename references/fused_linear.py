@@ -1,6 +1,6 @@
 """Fused projections: by definition the composition of the unfused references.
 
-Each intermediate (the residual sum, the normalized row, the SwiGLU product) is rounded to
+Each intermediate (the residual sum, the normalized row, the gate/up and QKV sums) is rounded to
 the input dtype where the unfused ops round it: those roundings are part of what the fused
 op computes, so they are applied even in the fp64 oracle (``rounded``; ``out`` alone would
 keep fp64 there), which then differs from the kernel only by its final rounding and fp32

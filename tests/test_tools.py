@@ -127,6 +127,9 @@ def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
         ("verify.e2e", ("--against", "reference,vllm"), "--against"),
         ("verify.bench", ("model", "--try-config", "9728=gemv n8 k512 w4 s4"), "expected NxK=CONFIG"),
         ("verify.bench", ("model", "--repeat", "0"), "--repeat"),
+        ("verify.bench", ("model", "--json", "/no/such/dir/m.json"), "--json /no/such/dir/m.json: no dir"),
+        ("verify.bench", ("gemm", "--json", "README.md/g.json"), "no directory README.md"),
+        ("verify.bench", ("attention", "--json", "/no/such/dir/a.json"), "no directory /no/such/dir"),
     ],
 )
 def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 from collections.abc import Callable
 
 import torch
@@ -28,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import registry
 from ops import attention as ops_attention
+from verify import cli
 from verify.bench import timing
 from verify.cases import Case
 from verify.compare import check
@@ -378,6 +378,10 @@ def main(argv: list[str]) -> int:
         help="time launch configs per shape instead (prefill and decode take a few minutes each)",
     )
     args = parser.parse_args(argv)
+    try:
+        cli.check_output_file("--json", args.json)
+    except cli.UsageError as error:
+        parser.error(str(error))
     if timing.cuda_missing("verify.bench attention"):
         return 2
     if args.sweep:
@@ -391,7 +395,5 @@ def main(argv: list[str]) -> int:
         _print_tables(rows, peak, bandwidth, targets)
         data = {"peak_flops": peak, "bandwidth": bandwidth, "rows": rows, "targets": targets}
         code = 0 if all(r["passed"] for r in rows) else 1
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=2, default=str)
+    cli.write_json(args.json, data)
     return code

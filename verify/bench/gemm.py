@@ -19,7 +19,6 @@ back in one CUDA Graph, each on its own copy of the weight, copies rotating thro
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Iterable
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 
 from ops import gemm
 from ops.gemm import GemmConfig
+from verify import cli
 from verify.bench import timing
 from verify.strategies.gemm import MODEL_PROJECTIONS, Projection
 
@@ -463,7 +463,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        cli.check_output_file("--json", args.json)
+    except cli.UsageError as error:
+        parser.error(str(error))
     if timing.cuda_missing("verify.bench gemm"):
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check reference must be fp32
@@ -478,9 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows, lines = run_bench(presets, args.replays, phases)
         payload = {"device": device, "mode": "bench", "targets": lines, "rows": [asdict(r) for r in rows]}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+    cli.write_json(args.json, payload)
     # Wrong answers always count; in normal mode so does a config that failed to run (linear
     # would fail the same way), in a sweep a candidate that does not compile is merely skipped.
     bad = [

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from model.config import PRESETS, to_hf_dict
 from model.graph import DecodeRunner
 from ops import gemm
 from references.precision import computing_in
+from verify import cli
 from verify.bench import timing
 
 
@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(error))
     if args.repeat < 1:
         p.error(f"--repeat: expected >= 1, got {args.repeat}")
+    try:
+        cli.check_output_file("--json", args.json)
+    except cli.UsageError as error:
+        p.error(str(error))
     if timing.cuda_missing("verify.bench model"):
         return 2
     skip = set(filter(None, args.skip.split(",")))
@@ -385,17 +389,6 @@ def main(argv: list[str] | None = None) -> int:
             ["implementation", "prefill ms", "decode ms/token", "tokens/s", "vs triton+graph", "note"], table
         )
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "preset": args.preset,
-                    "prompt_len": length,
-                    "new_tokens": new,
-                    "bandwidth": bandwidth,
-                    "rows": rows,
-                },
-                f,
-                indent=2,
-            )
+    payload = {"preset": args.preset, "prompt_len": length, "new_tokens": new, "bandwidth": bandwidth}
+    cli.write_json(args.json, payload | {"rows": rows})
     return 0

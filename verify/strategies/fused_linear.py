@@ -1,4 +1,5 @@
-"""Cases for ``add_rms_norm_linear`` and ``add_rms_norm_linear_silu_mul``: the GEMM cases
+"""Cases for ``add_rms_norm_linear``, ``add_rms_norm_linear_silu_mul`` and
+``add_rms_norm_linear_rope_kv_store``: the GEMM cases
 (M = 1/2/3 on the fused gemv path, larger M on the composed path, N and K tails, weight views,
 bias) with the fused op's own inputs as the model passes them: x and the residual as row
 views, the gate/up weight as one [2N, K] matrix (or a row slice of a wider one), norm

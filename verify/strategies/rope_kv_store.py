@@ -17,7 +17,6 @@ from verify.strategies.kv_cache import _starts
 from verify.strategies.norm import _weight
 from verify.strategies.rope import BASES, COS_SIN_INVALID, HEAD_DIMS, TABLES, _rotary_dim, rope_tables
 
-# q, k, v: head slices of one fused QKV row (with padding past the row, or not), or own tensors
 # q, k, v: head slices of one QKV row (padded: a wider row), three contiguous tensors, or mixed
 # (k contiguous beside q and v slices, as the unfused model hands them over): k and v strides differ
 LAYOUTS = ("fused", "fused_padded", "separate", "mixed")
