@@ -164,6 +164,13 @@ def test_tolerance_lookup_falls_back_to_default_and_refuses_unknown_dtypes() -> 
         lookup("splitk_reduce", torch.float64)
 
 
+def test_tolerance_lookup_names_a_missing_ratio(tmp_path) -> None:
+    table = tmp_path / "tolerances.toml"
+    table.write_text('[default]\nbfloat16 = { atol = 0.0, rtol = 0.008 }\n[op]\nrule = "max_error_ratio"\n')
+    with pytest.raises(KeyError, match=r"\[op\] uses max_error_ratio but gives no ratio for bfloat16"):
+        lookup("op", torch.bfloat16, table)
+
+
 def test_overflow_to_inf_is_judged_against_the_rounded_oracle() -> None:
     """An fp16 output whose exact value is past 65504 rounds to inf: inf there is right, a
     finite value there (or an inf where the exact value fits) is not."""
@@ -184,3 +191,60 @@ def test_max_error_ratio_takes_an_absolute_floor() -> None:
     zero = torch.zeros(1, dtype=torch.bfloat16)
     assert judge("out", zero, zero, tol, oracle, zero).passed
     assert not judge("out", zero, zero, lookup("linear", torch.bfloat16), oracle, zero).passed
+
+
+def _bf16(values: list[float]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.bfloat16)
+
+
+def _ratio_verdict(impl: list[float], ref: list[float], oracle: list[float], lowp: list[float]) -> bool:
+    tol = Tolerance("max_error_ratio", max_error_ratio=2.0)
+    return judge("out", _bf16(impl), _bf16(ref), tol, _bf16(oracle).double(), _bf16(lowp)).passed
+
+
+def test_a_nan_in_an_error_measure_does_not_pass_everything() -> None:
+    # plain torch NaN where the oracle is finite: its error is no yardstick, not an unbounded one
+    assert not _ratio_verdict([100, -50, 7], [1, 2, 3], [1, 2, 3], [1, float("nan"), 3])
+    # the reference NaN where the oracle is finite, matched by a NaN of the implementation
+    assert not _ratio_verdict([500, float("nan"), -9], [1, float("nan"), 3], [1, 2, 3], [1, 2, 3])
+    assert _ratio_verdict([1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2.01, 3])
+
+
+def test_exact_rule_compares_bits() -> None:
+    exact = Tolerance("exact")
+    copy = torch.tensor([1.0, float("nan"), -0.0], dtype=torch.bfloat16)
+    assert judge("out", copy.clone(), copy, exact).passed  # a NaN copied is right
+    assert not judge("out", torch.tensor([1.0, float("nan"), 0.0], dtype=torch.bfloat16), copy, exact).passed
+
+
+def _rope_kv_store_then(change):
+    """The registered rope_kv_store, then ``change(cache, written_rows_mask)`` on both caches."""
+    spec = registry.get("rope_kv_store")
+
+    def impl(q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_norm, eps):
+        before = k_cache.clone()
+        out = spec.impl(q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_norm, eps)
+        written = (k_cache != before).any(dim=-1)
+        for cache in (k_cache, v_cache):
+            change(cache, written)
+        return out
+
+    return impl
+
+
+@pytest.mark.parametrize(
+    ("dist", "change"),
+    [
+        ("large", lambda cache, written: cache.masked_fill_(~written[..., None], 0.0)),  # stray writes
+        ("tiny", lambda cache, written: cache.masked_fill_(written[..., None], 0.0)),  # new rows lost
+    ],
+    ids=["other rows zeroed, large values", "new rows zeroed, tiny values"],
+)
+def test_in_place_cache_rows_are_judged_apart_from_the_rest(dist: str, change) -> None:
+    """One bound over a whole cache takes its scale from old and new rows alike: zeroing the old
+    rows hid below large new ones, zeroing tiny new rows below the old ones."""
+    spec, case = _case("rope_kv_store", dist=dist, qk_norm=False)
+    assert check(spec, case).passed
+    result = check(spec, case, _rope_kv_store_then(change))
+    assert not result.passed
+    assert {o.name for o in result.outputs if not o.passed} >= {"v_cache"}

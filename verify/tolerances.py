@@ -66,6 +66,8 @@ def lookup(key: str, dtype: torch.dtype, path: Path = PATH) -> Tolerance:
     if numbers is None:
         raise KeyError(f"{path}: no tolerance for op {key!r} at dtype {name} and no [default.{name}]")
     if rule == "max_error_ratio":
+        if "max_error_ratio" not in numbers:
+            raise KeyError(f"{path}: [{key}] uses max_error_ratio but gives no ratio for {name}")
         ratio = float(numbers["max_error_ratio"])
         return Tolerance(rule, atol=float(numbers.get("atol", 0.0)), max_error_ratio=ratio)
     return Tolerance(rule, atol=float(numbers["atol"]), rtol=float(numbers["rtol"]))
