@@ -321,11 +321,13 @@ def judge_in_place(
     tol: Tolerance,
     oracle_out: torch.Tensor,
     lowp_out: torch.Tensor,
+    terms_out: torch.Tensor | None = None,
 ) -> OutputReport:
     """Judge a buffer the op updates in place (a KV cache) under ``max_error_ratio``: rows (last
     dim) the oracle leaves as they were must keep their bits, and the rows it writes are judged
     among themselves. One bound over the whole buffer would take its scale from both: a stray
-    write could hide below the old rows' magnitude, a wrong new row below theirs."""
+    write could hide below the old rows' magnitude, a wrong new row below theirs. ``terms_out``:
+    as for ``judge``, where the new rows are sums of products (a fused projection's k and v)."""
     written = (oracle_out.double() != before.double()).any(dim=-1)
     kept = ~written
     if not isinstance(impl, torch.Tensor) or impl.shape != ref.shape or impl.dtype != ref.dtype:
@@ -338,7 +340,8 @@ def judge_in_place(
             f"were are changed; first at {first}", tuple(impl.shape), dtype_key(impl.dtype), impl.stride(),
             tol.rule, worst_index=first,
         )  # fmt: skip
-    report = judge(name, impl[written], ref[written], tol, oracle_out[written], lowp_out[written])
+    terms = terms_out[written] if terms_out is not None else None
+    report = judge(name, impl[written], ref[written], tol, oracle_out[written], lowp_out[written], terms)
     report.shape, report.strides = tuple(impl.shape), impl.stride()
     if report.worst_index is not None and written.any():  # back from the written rows to the buffer
         row, *rest = report.worst_index
@@ -435,7 +438,8 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     for i, ((name, got), (_, want)) in enumerate(zip(impl_out, ref_out, strict=True)):
         if name in spec.mutates and oracle_out and lowp_out:
             before = case.args[names.index(name)]
-            report = judge_in_place(name, got, want, before, tol, oracle_out[i][1], lowp_out[i][1])
+            terms = terms_out[i][1] if terms_out else None
+            report = judge_in_place(name, got, want, before, tol, oracle_out[i][1], lowp_out[i][1], terms)
         else:
             report = judge(
                 name,
