@@ -262,3 +262,19 @@ def test_in_place_rows_of_products_get_the_terms_floor() -> None:
     oracle = ref.double()
     assert not judge_in_place("v_cache", impl, ref, before, tol, oracle, ref.clone()).passed
     assert judge_in_place("v_cache", impl, ref, before, tol, oracle, ref.clone(), oracle.abs()).passed
+
+
+def test_scratch_is_poisoned_before_the_implementation_runs() -> None:
+    """Scratch kept from an earlier call (often holding the right answer) reads as NaN."""
+    from ops import scratch
+
+    held = scratch.cached("test_compare", (DEVICE,), lambda: torch.ones(4, device=DEVICE))
+    spec, case = _case("add")
+    seen = []
+
+    def reads_old_scratch(x, y):
+        seen.append(held.clone())
+        return spec.impl(x, y)
+
+    assert check(spec, case, reads_old_scratch).passed
+    assert torch.isnan(seen[0]).all()

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ops import scratch
 from references.precision import computing_in, oracle
 from verify.cases import Case, dtype_of
 from verify.tolerances import Tolerance, dtype_key, lookup
@@ -129,6 +130,7 @@ class PoisonNewTensors(TorchDispatchMode):
             torch.ops.aten.empty_strided.default,
             torch.ops.aten.new_empty.default,
             torch.ops.aten.new_empty_strided.default,
+            torch.ops.aten.empty_permuted.default,
         }
     )
 
@@ -137,6 +139,16 @@ class PoisonNewTensors(TorchDispatchMode):
         if func in self.ALLOCATORS and out.numel():
             _buffer_bytes(out).fill_(POISON_BYTE)
         return out
+
+
+def poison_scratch() -> None:
+    """Fill every buffer ``ops.scratch`` holds (split-K partials, decode partials, fused
+    intermediates) with the poison bytes: kept from call to call, they would otherwise hand a
+    kernel that reads scratch it did not write this call the last call's values."""
+    for buffer in scratch.held():
+        for t in buffer if isinstance(buffer, tuple) else (buffer,):
+            if isinstance(t, torch.Tensor) and t.numel():
+                _buffer_bytes(t).fill_(POISON_BYTE)
 
 
 def named_outputs(result: Any) -> list[tuple[str, Any]]:
@@ -407,6 +419,7 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         for n, a in zip(names, args, strict=False)
         if isinstance(a, torch.Tensor) and n not in spec.mutates
     }
+    poison_scratch()
     try:
         with PoisonNewTensors():
             impl_out = named_outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
