@@ -3,6 +3,7 @@ so a typo in ``--json`` is reported at once rather than as a crash after minutes
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,14 @@ def check_output_file(option: str, path: str | None) -> None:
         raise UsageError(f"{option} {path}: is a directory, expected a file path")
     if not target.parent.is_dir():
         raise UsageError(f"{option} {path}: no directory {target.parent}")
+
+
+def require_output_file(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    """:func:`check_output_file` for a plain argparse CLI: a bad path is ``parser.error`` (exit 2)."""
+    try:
+        check_output_file(option, path)
+    except UsageError as error:
+        parser.error(str(error))
 
 
 def check_output_dir(option: str, path: str | None) -> None:

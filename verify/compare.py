@@ -340,10 +340,14 @@ def judge_in_place(
     among themselves. One bound over the whole buffer would take its scale from both: a stray
     write could hide below the old rows' magnitude, a wrong new row below theirs. ``terms_out``:
     as for ``judge``, where the new rows are sums of products (a fused projection's k and v)."""
+    if not isinstance(impl, torch.Tensor) or (impl.shape, impl.dtype, impl.device) != (
+        ref.shape,
+        ref.dtype,
+        ref.device,
+    ):
+        return judge(name, impl, ref, tol, oracle_out, lowp_out)  # reports what is wrong with it
     written = (oracle_out.double() != before.double()).any(dim=-1)
     kept = ~written
-    if not isinstance(impl, torch.Tensor) or impl.shape != ref.shape or impl.dtype != ref.dtype:
-        return judge(name, impl, ref, tol, oracle_out, lowp_out)
     touched = _bits_differ(impl[kept], before[kept]).any(dim=-1)
     if touched.any():
         first = tuple(int(i) for i in kept.nonzero()[int(touched.int().argmax())])

@@ -378,10 +378,7 @@ def main(argv: list[str]) -> int:
         help="time launch configs per shape instead (prefill and decode take a few minutes each)",
     )
     args = parser.parse_args(argv)
-    try:
-        cli.check_output_file("--json", args.json)
-    except cli.UsageError as error:
-        parser.error(str(error))
+    cli.require_output_file(parser, "--json", args.json)
     if timing.cuda_missing("verify.bench attention"):
         return 2
     if args.sweep:

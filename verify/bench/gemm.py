@@ -465,10 +465,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    try:
-        cli.check_output_file("--json", args.json)
-    except cli.UsageError as error:
-        parser.error(str(error))
+    cli.require_output_file(parser, "--json", args.json)
     if timing.cuda_missing("verify.bench gemm"):
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check reference must be fp32

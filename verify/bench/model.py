@@ -233,10 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(error))
     if args.repeat < 1:
         p.error(f"--repeat: expected >= 1, got {args.repeat}")
-    try:
-        cli.check_output_file("--json", args.json)
-    except cli.UsageError as error:
-        p.error(str(error))
+    cli.require_output_file(p, "--json", args.json)
     if timing.cuda_missing("verify.bench model"):
         return 2
     skip = set(filter(None, args.skip.split(",")))
