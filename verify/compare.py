@@ -340,11 +340,8 @@ def judge_in_place(
     among themselves. One bound over the whole buffer would take its scale from both: a stray
     write could hide below the old rows' magnitude, a wrong new row below theirs. ``terms_out``:
     as for ``judge``, where the new rows are sums of products (a fused projection's k and v)."""
-    if not isinstance(impl, torch.Tensor) or (impl.shape, impl.dtype, impl.device) != (
-        ref.shape,
-        ref.dtype,
-        ref.device,
-    ):
+    layout = (ref.shape, ref.dtype, ref.device)
+    if not isinstance(impl, torch.Tensor) or (impl.shape, impl.dtype, impl.device) != layout:
         return judge(name, impl, ref, tol, oracle_out, lowp_out)  # reports what is wrong with it
     written = (oracle_out.double() != before.double()).any(dim=-1)
     kept = ~written
