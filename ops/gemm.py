@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import pdl, scratch, validate
+from ops import backend, pdl, scratch, validate
 
 KERNELS = ("gemv", "tiled")
 GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
@@ -591,7 +591,10 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
     if m <= GEMV_MAX_M:
         block_n = 4 if n <= 2048 else 8 if n <= 16384 else 16
         # the per-step product is [rows, BLOCK_N, BLOCK_K]: fewer K per step for more rows
-        block_k = (1024 if k <= 1024 else 512) // triton.next_power_of_2(max(m, 1))
+        widest = 1024 if k <= 1024 else 512
+        if backend.is_interpreter():  # CPU sizes (K <= 160) still walk several chunks, or split
+            widest = 64
+        block_k = widest // triton.next_power_of_2(max(m, 1))
         stages = 1 if k <= block_k else 3  # one K step: nothing to pipeline, plain wide loads
         return _gemv(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)
     if m <= 64:  # skinny: a 16..64-row tile, split K to fill the GPU

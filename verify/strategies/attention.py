@@ -41,7 +41,10 @@ def _attention_params(draw: st.DrawFn, limits: Limits, decode_only: bool) -> dic
     b = draw(size(max(1, min(limits.batch, budget // (group * kv_heads * s * s))), AWKWARD))
     room = budget // (b * group * kv_heads * s) - s  # cache rows before the new ones the budget allows
     past_cap = max(0, min(limits.seq, room))
-    past = draw(st.one_of(st.just(0), size(past_cap, AWKWARD, low=0)))
+    lens = draw(st.sampled_from(LENS))
+    # Ragged rows differ only below a prefix: a ragged batch gets past >= 1 when the budget allows.
+    low = 1 if lens == "ragged" and b > 1 and past_cap >= 1 else 0
+    past = draw(st.one_of(st.just(low), size(past_cap, AWKWARD, low=low)))
     return {
         "b": b,
         "kv_heads": kv_heads,
@@ -50,7 +53,7 @@ def _attention_params(draw: st.DrawFn, limits: Limits, decode_only: bool) -> dic
         "s": s,
         "past": past,  # cache rows before the new tokens (the longest batch row)
         "slack": draw(st.one_of(st.just(0), st.integers(1, 17))),  # capacity past the longest row
-        "lens": draw(st.sampled_from(LENS)),
+        "lens": lens,
         "scores": draw(st.sampled_from(SCORES)),
         "q_offset": draw(st.integers(0, 3)),  # q starts this many heads into the fused QKV row
         "dtype": draw(dtype_name()),
@@ -187,6 +190,8 @@ ATTENTION_EXAMPLES = (
     _example("qwen2.5-0.5b decode 14/2, batch 3 ragged", 3, 2, 7, 64, 1, 3000, 17, lens="ragged"),
     _example("head_dim 256 prefill, large scores", 1, 1, 8, 256, 300, 100, 0, scores="large"),
     _example("decode, all scores very negative", 2, 2, 4, 128, 1, 1500, 3, scores="very_negative"),
+    _example("prefill S=127 (one short of the block), 8-way GQA", 1, 2, 8, 128, 127, 0, 1),
+    _example("first token (seq_len 1) of a batch of 3, 7-way GQA", 3, 2, 7, 64, 1, 0, 40),
 )  # fmt: skip
 ATTENTION_DECODE_EXAMPLES = tuple(e for e in ATTENTION_EXAMPLES if e["s"] * e["group"] <= DECODE_MAX_ROWS)
 

@@ -215,8 +215,8 @@ def add_rms_norm_linear_rope_kv_store_params(limits: Limits) -> st.SearchStrateg
         "b": st.integers(1, limits.batch),
         "bias": st.booleans(),
         "kv_heads": st.integers(1, 3),
-        "group": st.integers(1, 4),
-        "head_dim": st.sampled_from((2, 4, 16, 34, 64, 128)),
+        "group": st.sampled_from((1, 2, 4, 7, 8)),  # MHA, article, Qwen2.5 (7), ...
+        "head_dim": st.sampled_from((2, 4, 16, 34, 64, 128, 256)),
         "rotary": st.sampled_from(["full", "full", "half"]),  # half: pairs the epilogue cannot hold
         "extra_rows": st.integers(0, 6),  # cache rows beyond S
         "starts": st.sampled_from(["random", "zero", "end", "overflow"]),

@@ -1,7 +1,9 @@
-"""Cases for ``linear``, ``linear_splitk`` and ``splitk_reduce``: M = 1/2/3 (decode), N and K tails,
-bias on and off, x and weight as the views the model passes (a column slice of a wider buffer, a
-transposed view, a row slice of a fused weight, a transposed ``[K, N]`` storage), split_k 1..8
-with K not divisible, and every projection shape of the three model configs on the GPU."""
+"""Cases for ``linear``, ``linear_splitk`` and ``splitk_reduce``: M = 1..5 (decode, and both sides
+of the gemv/tiled boundary), N and K tails and the model's widths (4864 ...) where the size cap
+allows, bias on and off, x and weight as the views the model passes (a column slice of a wider
+buffer, a transposed view, a row slice of a fused weight, a transposed ``[K, N]`` storage),
+split_k 1..8 and up to the kernel's 64 with K not divisible, and every projection shape of the
+three model configs on the GPU."""
 
 from __future__ import annotations
 
@@ -10,13 +12,12 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, Case, dtype_of, generator, size, strided_view, values
+from verify.cases import AWKWARD, MODEL_DIMS, Case, dtype_of, generator, size, strided_view, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, padding, replace
 
 X_LAYOUTS = ("contiguous", "column_slice", "transposed")
 W_LAYOUTS = ("contiguous", "row_slice", "column_slice", "transposed")
-MAX_SPLIT = 8
 
 
 # ---- the projections of the model configs -----------------------------------------------------
@@ -91,15 +92,22 @@ def fits_dtype(params: dict) -> bool:
 
 
 def m_sizes(limits: Limits) -> st.SearchStrategy[int]:
-    """Decode sizes 1..3 half the time (they take the gemv path), else any M up to the cap."""
-    return st.one_of(st.sampled_from([1, 2, 3]), size(limits.gemm, AWKWARD))
+    """Decode sizes half the time: 1..4 take the gemv path, 5 is the first the tiled kernel
+    takes (ops.gemm.GEMV_MAX_M); else any M up to the cap."""
+    return st.one_of(st.sampled_from([1, 2, 3, 4, 5]), size(limits.gemm, AWKWARD))
+
+
+def split_counts(limits: Limits) -> st.SearchStrategy[int]:
+    """1..8 half the time, else past the reduce's first 8: up to ops.gemm.MAX_SPLIT_K (64) on the
+    GPU, 31 on the interpreter, where every split is another pass over the programs."""
+    return st.one_of(st.integers(1, 8), st.sampled_from([16, 31, 64] if limits.gemm >= 1024 else [16, 31]))
 
 
 def _shape_fields(limits: Limits) -> dict:
     return {
         "m": m_sizes(limits),
-        "n": size(limits.gemm, AWKWARD),
-        "k": size(limits.gemm, AWKWARD),
+        "n": size(limits.gemm, AWKWARD + MODEL_DIMS),
+        "k": size(limits.gemm, AWKWARD + MODEL_DIMS),
         "x_layout": st.sampled_from(X_LAYOUTS),
         "w_layout": st.sampled_from(W_LAYOUTS),
         **common(),
@@ -220,7 +228,7 @@ LINEAR_INVALID = (
 
 
 def linear_splitk_params(limits: Limits) -> st.SearchStrategy[dict]:
-    fields = {**_shape_fields(limits), "split_k": st.integers(1, MAX_SPLIT), "prealloc": st.booleans()}
+    fields = {**_shape_fields(limits), "split_k": split_counts(limits), "prealloc": st.booleans()}
     return st.fixed_dictionaries(fields).filter(lambda p: p["split_k"] <= p["k"] and fits_dtype(p))
 
 
@@ -277,7 +285,7 @@ LINEAR_SPLITK_INVALID = (
 def splitk_reduce_params(limits: Limits) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries(
         {
-            "s": st.integers(1, MAX_SPLIT),
+            "s": split_counts(limits),
             "m": m_sizes(limits),
             "n": size(limits.width, AWKWARD),
             "pad": padding(),
