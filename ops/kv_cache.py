@@ -74,7 +74,7 @@ def kv_cache_store(
     read = {"k": k, "v": v, "start_pos": start_pos}
     validate.disjoint("k_cache", k_cache, read)
     validate.disjoint("v_cache", v_cache, read | {"k_cache": k_cache})
-    if batch * seq * heads == 0:
+    if batch * seq * heads * dim == 0:
         return
     _kv_cache_store_kernel[(batch * seq, heads)](
         k_cache,

@@ -37,6 +37,9 @@ def tensor(
         raise ValueError(
             f"{name}: expected a tensor on {want.type} (backend {backend.name()}), got {t.device}"
         )
+    if want.type == "cuda" and t.device.index != torch.cuda.current_device():  # kernels launch there
+        current = torch.cuda.current_device()
+        raise ValueError(f"{name}: expected a tensor on the current device cuda:{current}, got {t.device}")
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if t.dim() not in allowed:

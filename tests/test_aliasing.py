@@ -193,6 +193,8 @@ def test_empty_and_degenerate_shapes() -> None:
         embedding.embedding(torch.zeros(1, 2, dtype=torch.int64, device=DEVICE), randn(0, 16))
     with pytest.raises(ValueError, match="K = 0 leaves nothing to split"):
         gemm.linear_splitk(randn(2, 0), randn(4, 0), 1)
+    start = torch.zeros(1, dtype=torch.int32, device=DEVICE)  # head_dim 0 below: nothing to write
+    kv_cache.kv_cache_store(randn(1, 4, 2, 0), randn(1, 4, 2, 0), randn(1, 2, 2, 0), randn(1, 2, 2, 0), start)
 
 
 def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:

@@ -160,3 +160,16 @@ def test_rejects_wrong_device(name: str, arg: str) -> None:
     args[arg] = args[arg].to("meta" if DEVICE.type == "cpu" else "cpu")
     with pytest.raises(ValueError, match=rf"^{re.escape(arg)}\b"):
         spec.impl(*args.values(), **case.kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
+@pytest.mark.parametrize(("name", "arg"), TENSOR_ARGS)
+def test_rejects_another_gpu(name: str, arg: str) -> None:
+    """Kernels launch on the current device; a tensor on another GPU is refused, not misread."""
+    spec = registry.get(name)
+    case = spec.build(spec.typical, DEVICE)
+    args = dict(zip(arg_names(spec.reference), case.args, strict=False))
+    args[arg] = args[arg].to("cuda:1")
+    with pytest.raises(ValueError, match=rf"^{re.escape(arg)}\b"):
+        spec.impl(*args.values(), **case.kwargs)

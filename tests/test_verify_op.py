@@ -74,6 +74,8 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
         (("rms_norm", "--examples", "0"), "--examples: expected at least 1"),
         (("rms_norm", "--json", "/no/such/dir/out.json"), "--json /no/such/dir/out.json: no directory"),
         (("rms_norm", "--inputs", "/no/such/inputs.pt"), "--inputs /no/such/inputs.pt"),
+        (("rms_norm", "--json", "/proc/out.json"), "--json /proc/out.json: cannot be written"),
+        (("rms_norm", "--examples", "abc"), "--examples: expected a whole number, got 'abc'"),
     ],
 )
 def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
@@ -123,3 +125,59 @@ def test_inputs_are_judged_at_their_recorded_dtype(tmp_path: Path) -> None:
     torch.save({"op": "rope_cos_sin", "args": (ids, 32, 10000.0)}, positions)
     run = verify_op("rope_cos_sin", "--inputs", str(positions))
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_case_that_is_no_valid_call_exits_2() -> None:
+    """A ``--case`` with a field the op's cases do not have, values its builder cannot use, or
+    arguments the registered kernel refuses by name is bad input, not a divergence."""
+    import registry
+
+    typical = registry.get("rms_norm").typical
+    splitk = registry.get("linear_splitk").typical
+    for op, case, extra, message in (
+        ("rms_norm", {**typical, "extra": 1}, (), "--case: unknown field 'extra'; a rms_norm case has"),
+        (
+            "rms_norm",
+            {**typical, "eps": -1},
+            (),
+            "not a valid rms_norm call: the registered kernel refuses it: eps:",
+        ),
+        ("linear_splitk", {**splitk, "split_k": 0}, (), "--case is not a valid linear_splitk case"),
+        (
+            "rms_norm",
+            typical,
+            ("--examples", "3"),
+            "--case runs one case: --examples and --seed do not apply",
+        ),
+    ):
+        run = verify_op(op, "--case", json.dumps(case), *extra)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert message in run.stderr
+        assert "Traceback" not in run.stderr
+
+
+def test_recorded_inputs_the_reference_cannot_take_exit_2(tmp_path: Path) -> None:
+    """Ids past the table make the reference raise: the recording is bad input, not a divergence
+    of the implementation (and no traceback)."""
+    import torch
+
+    path = tmp_path / "oob.pt"
+    torch.save({"op": "embedding", "args": (torch.tensor([[7]], dtype=torch.int32), torch.zeros(5, 8))}, path)
+    run = verify_op("embedding", "--inputs", str(path), "--impl", "references.embedding:embedding")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "not a valid embedding call: the reference raised IndexError" in run.stderr
+
+
+def test_an_implementation_calling_sys_exit_gets_no_pass(tmp_path: Path) -> None:
+    """``sys.exit(0)`` in the implementation under test must not end the check with exit 0: it is
+    what the implementation raised (exit 1); at import it is a load failure (exit 2)."""
+    impl = tmp_path / "exits.py"
+    impl.write_text("import sys\n\n\ndef rms_norm(x, weight, eps):\n    sys.exit(0)\n")
+    run = verify_op("rms_norm", "--impl", f"{impl}:rms_norm", "--examples", "2")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "implementation raised SystemExit" in run.stdout
+    at_import = tmp_path / "exits_at_import.py"
+    at_import.write_text("import sys\n\nsys.exit(0)\n")
+    run = verify_op("rms_norm", "--impl", f"{at_import}:rms_norm")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "failed: SystemExit" in run.stderr

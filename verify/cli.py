@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,20 @@ class UsageError(Exception):
     """Bad command-line input: the CLIs print it and exit 2."""
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts: a whole number >= 1 (argparse names the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
 def check_output_file(option: str, path: str | None) -> None:
-    """``path`` (if given) can be written: its directory exists and it is not a directory itself."""
+    """``path`` (if given) can be written: its directory exists, it is not a directory itself, and
+    opening it for writing works (tried in append mode; a file made by the try is removed)."""
     if path is None:
         return
     target = Path(path)
@@ -22,6 +36,14 @@ def check_output_file(option: str, path: str | None) -> None:
         raise UsageError(f"{option} {path}: is a directory, expected a file path")
     if not target.parent.is_dir():
         raise UsageError(f"{option} {path}: no directory {target.parent}")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot be written ({exc.strerror or exc})") from None
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def require_output_file(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
@@ -33,13 +55,20 @@ def require_output_file(parser: argparse.ArgumentParser, option: str, path: str 
 
 
 def check_output_dir(option: str, path: str | None) -> None:
-    """``path`` (if given) is a directory or can be made one: nothing but a directory is in its way."""
+    """``path`` (if given) is a directory or can be made one: nothing but a directory is in its way,
+    and the nearest existing one takes a new directory."""
     if path is None:
         return
     for part in (Path(path), *Path(path).parents):
         if part.exists():
             if not part.is_dir():
                 raise UsageError(f"{option} {path}: {part} exists and is not a directory")
+            try:  # what the run will do there, tried now: make a directory in it
+                os.rmdir(tempfile.mkdtemp(dir=part))
+            except OSError as exc:
+                raise UsageError(
+                    f"{option} {path}: cannot make a directory in {part} ({exc.strerror})"
+                ) from None
             return
 
 

@@ -57,6 +57,8 @@ class CheckResult:
     outputs: list[OutputReport] = field(default_factory=list)
     error: str | None = None
     repro: str = ""
+    raised_by: str | None = None  # "implementation" or "reference" when one raised
+    raised: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def max_abs(self) -> float:
@@ -408,6 +410,14 @@ def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
     return cmd + (f" --impl {shlex.quote(impl_label)}" if impl_label else "")
 
 
+def _raised(result: CheckResult, who: str, exc: BaseException) -> CheckResult:
+    result.passed, result.raised_by, result.raised = False, who, exc
+    result.error = f"{who} raised {type(exc).__name__}: {exc}\n" + "".join(
+        traceback.format_exception(exc)[-3:]
+    )
+    return result
+
+
 def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str | None = None) -> CheckResult:
     """Run ``impl`` (default: the registered kernel), then the reference, and judge every output."""
     impl = impl or spec.impl
@@ -424,12 +434,12 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     try:
         with PoisonNewTensors():
             impl_out = named_outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
-    except Exception as exc:  # the verdict must say what the implementation raised
-        result.passed = False
-        result.error = f"implementation raised {type(exc).__name__}: {exc}\n" + "".join(
-            traceback.format_exception(exc)[-3:]
-        )
-        return result
+    except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
+        try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)
+            _run_reference(spec, case, "reference")
+        except Exception as ref_exc:
+            return _raised(result, "reference", ref_exc)
+        return _raised(result, "implementation", exc)
 
     for n, a in zip(names, args, strict=False):
         if n in untouched and not torch.equal(_buffer_bytes(a), untouched[n]):
@@ -437,7 +447,10 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
                 OutputReport(n, False, "the op wrote to this input (or the buffer around it)")
             )
 
-    ref_out = _run_reference(spec, case, "reference")
+    try:
+        ref_out = _run_reference(spec, case, "reference")
+    except Exception as exc:  # inputs the reference cannot take (a given or recorded case)
+        return _raised(result, "reference", exc)
     if len(impl_out) != len(ref_out):
         result.passed = False
         result.error = f"implementation returned {len(impl_out)} outputs, the reference {len(ref_out)}"

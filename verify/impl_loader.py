@@ -33,7 +33,7 @@ def load(spec: str, option: str = "--impl") -> Callable:
             module = importlib.import_module(target)
     except ImplError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import must not end the CLI with its code
         raise ImplError(f"{option}: importing {target} failed: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, fn_name, None)
     if not callable(fn):

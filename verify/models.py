@@ -71,7 +71,9 @@ def parse_injection(text: str) -> Injection:
 
 
 def apply_injections(model: Decoder, injections: list[Injection]) -> None:
-    """``@all`` means every layer."""
+    """``@all`` means every layer. One op of one layer takes one injection: a second would win
+    silently while the report names both."""
+    taken: dict[tuple[str, int], str] = {}
     for inj in injections:
         layers = list(range(model.config.num_layers)) if inj.layers is None else list(inj.layers)
         bad = [n for n in layers if not 0 <= n < model.config.num_layers]
@@ -79,6 +81,13 @@ def apply_injections(model: Decoder, injections: list[Injection]) -> None:
             raise UsageError(
                 f"--inject {inj.op}: layer {bad[0]} is out of range (the model has {model.config.num_layers})"
             )
+        for n in layers:
+            if (inj.op, n) in taken:
+                raise UsageError(
+                    f"--inject {inj.op}={inj.impl_spec}: layer {n}'s {inj.op} is already injected "
+                    f"({taken[inj.op, n]})"
+                )
+            taken[inj.op, n] = inj.impl_spec
         try:
             option = f"--inject {inj.op}={inj.impl_spec}"
             fn = impl_loader.load(inj.impl_spec, option)
@@ -99,7 +108,7 @@ def _guarded(fn: Callable, inj: Injection) -> Callable:
     def call(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit(0) inside it is no verdict
             raise InjectedOpError(
                 f"the injected {inj.op} ({inj.impl_spec}) raised {type(exc).__name__}: {exc}"
             ) from exc

@@ -1,7 +1,8 @@
 """``python -m verify.op NAME``: property-check one op (or an outside implementation of it).
 
 Exit 0: verified. 1: a divergence (the shrunk case and a repro command are printed).
-2: bad usage (unknown op, an implementation that fails to load or has the wrong signature).
+2: bad usage (unknown op, an implementation that fails to load or has the wrong signature, a
+``--case`` or ``--inputs`` that is not a valid call of the op).
 """
 
 from __future__ import annotations
@@ -10,27 +11,23 @@ import argparse
 import inspect
 import json
 import os
+import re
 import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
+    from verify.cli import positive_int
+
     p = argparse.ArgumentParser(
         prog="python -m verify.op", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     p.add_argument("name", nargs="?", help="the op to check (see --list)")
     p.add_argument("--impl", help="an outside implementation: MODULE:FN or FILE.py:FN")
     p.add_argument(
-        "--examples", type=_positive_int, default=None, help="Hypothesis cases to draw (default: profile's)"
+        "--examples", type=positive_int, default=None, help="Hypothesis cases to draw (default: profile's)"
     )
     p.add_argument("--seed", type=int, default=None, help="Hypothesis seed, for a reproducible search")
     one = p.add_mutually_exclusive_group()
@@ -97,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     case = None
     if args.case or args.inputs:
+        source = f"--inputs {args.inputs}" if args.inputs else "--case"
         try:
+            if args.examples is not None or args.seed is not None:
+                raise cli.UsageError(f"{source} runs one case: --examples and --seed do not apply")
             case = _recorded_case(spec, args.inputs) if args.inputs else _given_case(spec, args.case)
         except cli.UsageError as exc:
             print(f"verify.op: {exc}", file=sys.stderr)
@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     if case is not None:
         params = case.params
         result = check(spec, case, impl, args.impl)
+        refusal = _refusal(spec, result, checking_registered=impl is None)
+        if refusal:
+            print(f"verify.op: {source}: not a valid {spec.name} call: {refusal}", file=sys.stderr)
+            return 2
         print(result.describe())
         cli.write_json(
             args.json,
@@ -170,6 +174,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if outcome.passed else 1
 
 
+def _refusal(spec, result, checking_registered: bool) -> str | None:
+    """Why a given or recorded case is bad input (exit 2) rather than a divergence: the reference
+    raised on it, or the registered kernel refused one of its arguments by name, as its checks do
+    (an outside implementation that raises is judged, not believed)."""
+    from verify.compare import arg_names
+
+    exc = result.raised
+    if result.raised_by == "reference":
+        return f"the reference raised {type(exc).__name__}: {exc}"
+    argument_error = isinstance(exc, (ValueError, TypeError))
+    if checking_registered and result.raised_by == "implementation" and argument_error:
+        names = [*arg_names(spec.reference), *result.case.kwargs]
+        if re.match(rf"({'|'.join(map(re.escape, names))})\b", str(exc)):
+            return f"the registered kernel refuses it: {exc}"
+    return None
+
+
+def _known_fields(spec) -> set[str]:
+    """The fields a case of ``spec`` may have: its examples' and what its strategy draws."""
+    from hypothesis import find, settings
+
+    from registry import example_params
+    from verify import limits
+
+    fields = {k for example in spec.examples for k in example_params(example)}
+    return fields | set(find(spec.params(limits.current()), lambda _: True, settings=settings(database=None)))
+
+
 def _given_case(spec, text: str):
     """The case a ``--case`` JSON object describes (a repro command's), built on the backend's device."""
     from ops import backend
@@ -182,12 +214,18 @@ def _given_case(spec, text: str):
         raise UsageError(f"--case: not JSON ({exc})") from None
     if not isinstance(params, dict):
         raise UsageError(f"--case: expected a JSON object of {spec.name} fields ({fields}), got {params!r}")
+    known = _known_fields(spec)
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise UsageError(
+            f"--case: unknown field {unknown[0]!r}; a {spec.name} case has {', '.join(sorted(known))}"
+        )
     try:
         return spec.build(params, backend.device())
     except KeyError as exc:
         raise UsageError(f"--case: no field {exc.args[0]!r}; a {spec.name} case has {fields}") from None
-    except (ValueError, TypeError, RuntimeError) as exc:
-        raise UsageError(f"--case is not a valid {spec.name} case: {exc}") from None
+    except Exception as exc:  # whatever a builder makes of values of the wrong kind
+        raise UsageError(f"--case is not a valid {spec.name} case: {type(exc).__name__}: {exc}") from None
 
 
 def _recorded_case(spec, path: str):

@@ -456,7 +456,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preset", choices=[*MODEL_PROJECTIONS, "all"], default="all")
     p.add_argument("--sweep", action="store_true", help="time candidate configs, print the best as a table")
-    p.add_argument("--replays", type=int, default=20, help="graph replays per timing (median)")
+    p.add_argument("--replays", type=cli.positive_int, default=20, help="graph replays per timing (median)")
     p.add_argument("--phase", choices=["decode", "prefill", "all"], default="all", help="M=1, M=256 or both")
     p.add_argument("--json", metavar="PATH", help="also write every row as JSON")
     return p

@@ -30,6 +30,8 @@ from references.precision import computing_in
 from verify import cli
 from verify.bench import timing
 
+SKIPPABLE = ("unfused", "eager", "reference", "compile", "hf")  # rows besides the graph decode
+
 
 def _seconds(fn: Callable[[], object], repeats: int = 5) -> float:
     """Median wall time of ``fn`` over ``repeats`` synchronized runs (after one warm-up)."""
@@ -205,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m verify.bench model", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     p.add_argument("--preset", default="article", choices=sorted(PRESETS))
-    p.add_argument("--prompt-len", type=int, default=256)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--skip", default="", help="rows to skip, comma list: unfused,eager,reference,compile,hf")
+    p.add_argument("--prompt-len", type=cli.positive_int, default=256)
+    p.add_argument("--new-tokens", type=cli.positive_int, default=128)
+    p.add_argument("--skip", default="", help=f"rows to skip, comma list: {','.join(SKIPPABLE)}")
     p.add_argument("--json", metavar="PATH")
     p.add_argument(
         "--profile", action="store_true", help="also print where a graph decode step spends its time"
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--repeat",
-        type=int,
+        type=cli.positive_int,
         default=1,
         help="time the graph decode rows this many times, interleaved (median)",
     )
@@ -231,12 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         variants = [(text, parse_overrides(text)) for text in args.try_config]
     except ValueError as error:
         p.error(str(error))
-    if args.repeat < 1:
-        p.error(f"--repeat: expected >= 1, got {args.repeat}")
+    skip = set(filter(None, args.skip.split(",")))
+    if skip - set(SKIPPABLE):
+        p.error(f"--skip: unknown row {sorted(skip - set(SKIPPABLE))[0]!r}; rows: {', '.join(SKIPPABLE)}")
     cli.require_output_file(p, "--json", args.json)
     if timing.cuda_missing("verify.bench model"):
         return 2
-    skip = set(filter(None, args.skip.split(",")))
     cfg, device = PRESETS[args.preset], torch.device("cuda")
     length, new = args.prompt_len, args.new_tokens
     max_seq = length + new + 1
