@@ -92,7 +92,11 @@ RMS_NORM_EXAMPLES = (
     _example("intermediate width 4864, strided", [2, 7], 4864, pad=5),
     _example("tiny values hit eps", [3], 1024, dist="tiny", eps=1e-5, gpu=False),
 )
-ADD_RMS_NORM_EXAMPLES = RMS_NORM_EXAMPLES[:3]
+# add_rms_norm takes every shape but the qk-norm head view (the model's qk-norm adds nothing)
+ADD_RMS_NORM_EXAMPLES = (
+    *(e for e in RMS_NORM_EXAMPLES if "head_gap" not in e),
+    _example("qwen2.5 residual add, strided residual", [2, 5], 896, residual_pad=7),
+)
 
 
 RMS_NORM_INVALID = (
