@@ -2,7 +2,8 @@
 
 Supported families: ``llama``, ``qwen2`` (QKV bias) and ``qwen3`` (per-head q/k RMSNorm).
 Anything that changes the math and that the kernels do not implement (rope scaling, sliding
-window, MLP bias, another activation) is refused with a message, never ignored.
+window, MLP bias, another activation, a head_dim the attention kernels do not take, quantized
+weights) is refused with a message, never ignored.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ops.attention import HEAD_DIMS
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -151,22 +154,42 @@ def _field(cfg: dict, key: str, kind: str, default: Any = _MISSING) -> Any:
     return value
 
 
-def _rope(cfg: dict) -> tuple[float, float]:
-    """``(rope_theta, partial_rotary_factor)``: from ``rope_parameters`` (transformers 5) or the
-    top level (older configs); anything but default RoPE is refused."""
-    rope = cfg.get("rope_parameters")
-    if rope is None:
-        rope = {}
-    if not isinstance(rope, dict):
+def _rope_parameters(cfg: dict) -> tuple[str, dict]:
+    """``(field, dict)``: the RoPE parameters as transformers reads them, where a non-empty
+    ``rope_scaling`` (older configs) replaces ``rope_parameters`` (transformers 5)."""
+    scaling, rope = cfg.get("rope_scaling"), cfg.get("rope_parameters")
+    if scaling and not isinstance(scaling, dict):
+        raise ConfigError(f"rope_scaling: expected an object, got {scaling!r}")
+    if rope is not None and not isinstance(rope, dict):
         raise ConfigError(f"rope_parameters: expected an object, got {rope!r}")
-    scaling = cfg.get("rope_scaling")
+    return ("rope_scaling", scaling) if scaling else ("rope_parameters", rope or {})
+
+
+def _rope(cfg: dict) -> tuple[float, float]:
+    """``(rope_theta, partial_rotary_factor)``: from the RoPE parameters or the top level (older
+    configs); any rope type but "default" (plain RoPE, as transformers computes it) is refused."""
+    key, rope = _rope_parameters(cfg)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if scaling or rope_type != "default":
-        raise ConfigError(f"rope scaling {scaling or rope!r} is not implemented (only default RoPE)")
+    if rope_type != "default":
+        raise ConfigError(f"{key}: rope scaling {rope!r} is not implemented (only default RoPE)")
     theta = _field(rope, "rope_theta", "positive", _field(cfg, "rope_theta", "positive", 10000.0))
     factor = _field(cfg, "partial_rotary_factor", "positive", 1.0)
     factor = _field(rope, "partial_rotary_factor", "positive", factor)
     return float(theta), float(factor)
+
+
+def _head_dim(cfg: dict, family: str, hidden: int, heads: int) -> int:
+    """``head_dim`` with transformers' default (Qwen3: 128, the others: hidden / heads), refused
+    here when the attention kernels do not take it rather than mid-run."""
+    derived = family != "qwen3" and cfg.get("head_dim") is None
+    head_dim = _field(cfg, "head_dim", "count", 128 if family == "qwen3" else hidden // heads)
+    if head_dim not in HEAD_DIMS:
+        source = f" (hidden_size {hidden} / num_attention_heads {heads})" if derived else ""
+        raise ConfigError(
+            f"head_dim {head_dim}{source} is not supported by the attention kernels; "
+            f"expected one of {HEAD_DIMS}"
+        )
+    return head_dim
 
 
 def from_hf_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
@@ -199,6 +222,11 @@ def _parse(cfg: dict) -> ModelConfig:
         raise ConfigError("mlp_bias is not implemented")
     if family != "qwen2" and cfg.get("attention_bias"):  # llama/qwen3 put it on o_proj too
         raise ConfigError(f"attention_bias (q/k/v/o projection bias) is not implemented for {family}")
+    if cfg.get("quantization_config") is not None:
+        raise ConfigError(
+            "quantization_config: quantized checkpoints are not supported "
+            "(the loader reads bfloat16, float16 or float32 weights)"
+        )
     if cfg.get("pretraining_tp", 1) != 1:
         raise ConfigError("pretraining_tp != 1 is not implemented")
     hidden = _field(cfg, "hidden_size", "count")
@@ -223,7 +251,7 @@ def _parse(cfg: dict) -> ModelConfig:
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=_field(cfg, "num_key_value_heads", "count", kv_default),
-        head_dim=_field(cfg, "head_dim", "count", 128 if family == "qwen3" else hidden // heads),
+        head_dim=_head_dim(cfg, family, hidden, heads),
         rms_norm_eps=float(_field(cfg, "rms_norm_eps", "positive", 1e-6)),
         rope_theta=rope_theta,
         tie_word_embeddings=_field(cfg, "tie_word_embeddings", "bool", False),

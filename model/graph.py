@@ -65,15 +65,27 @@ class DecodeRunner:
         with torch.cuda.graph(self.graph):
             self._step()
 
+    def _check_position(self, position: int) -> None:
+        """The kernels keep an out-of-cache position safe, not right (they drop the rows they
+        cannot write): the step would return finite, wrong logits, silently."""
+        last = self.model.max_seq - self.new_tokens
+        if not 0 <= position <= last:
+            raise ValueError(
+                f"position: {position} with {self.new_tokens} new tokens does not fit the KV cache "
+                f"capacity {self.model.max_seq}; expected 0..{last}"
+            )
+
     def step(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """Feed ``tokens`` (``[B]`` or ``[B, new_tokens]``) from ``position`` (one int, or per row);
         return the static next-token buffer. The step's last-token logits stay readable in
-        ``self.logits`` until the next step.
+        ``self.logits`` until the next step. A host-int position is checked against the cache;
+        a tensor one is not (reading it back would be a host sync).
         """
         self.ids.copy_(tokens.view(self.batch, self.new_tokens))
         if isinstance(position, torch.Tensor):
             self.start_pos.copy_(position)
         else:
+            self._check_position(position)
             self.start_pos.fill_(position)
         # Warm-up runs this very step (same token, same cache row), so it is harmless to repeat.
         self.prepare()

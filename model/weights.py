@@ -3,7 +3,8 @@
 q/k/v projections are fused into one ``[q + 2 kv, H]`` matrix and gate/up into one
 ``[2 I, H]`` matrix at load time (one GEMM each instead of three and two). Each fused matrix
 is allocated once on the target device and filled slice by slice, so no step holds two
-copies of the model. Every tensor name, shape and dtype is checked against the config.
+copies of the model. Every tensor name, shape and dtype is checked against the config, the
+shapes from the file headers before anything is allocated.
 """
 
 from __future__ import annotations
@@ -119,17 +120,35 @@ def _open(file: Path):
         raise WeightsError(f"{file}: cannot read safetensors (truncated or corrupt?): {exc}") from None
 
 
-def _tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield the named tensors one at a time, opening each shard once."""
+def _by_file(files: dict[str, Path], names: list[str]) -> dict[Path, list[str]]:
     by_file: dict[Path, list[str]] = {}
     for name in names:
         by_file.setdefault(files[name], []).append(name)
-    for file, file_names in by_file.items():
+    return by_file
+
+
+def _check_stored_shapes(files: dict[str, Path], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor's stored shape against the config's, read from the safetensors headers (no
+    data), before anything of the config's size is allocated: a config far larger than its
+    checkpoint is a named error, not an out-of-memory crash."""
+    for file, names in _by_file(files, sorted(shapes)).items():
         with _open(file) as f:
             held = set(f.keys())
-            for name in file_names:
+            for name in names:
                 if name not in held:  # a shard index that maps the tensor to the wrong file
                     raise WeightsError(f"{file}: holds no tensor {name}, though the shard index maps it here")
+                stored = tuple(f.get_slice(name).get_shape())
+                if stored != shapes[name]:
+                    raise WeightsError(
+                        f"{file}: tensor {name} has shape {stored}, the config implies {shapes[name]}"
+                    )
+
+
+def _tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield the named tensors one at a time, opening each shard once."""
+    for file, file_names in _by_file(files, names).items():
+        with _open(file) as f:
+            for name in file_names:
                 try:
                     yield name, f.get_tensor(name)
                 except (SafetensorError, OSError, ValueError) as exc:
@@ -184,6 +203,7 @@ def load(
         raise WeightsError(
             f"{directory}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]} in {where}"
         )
+    _check_stored_shapes(files, shapes)
 
     c = config
     dev = torch.device(device)
@@ -211,11 +231,6 @@ def load(
         "mlp.down_proj.weight": ("down", slice(None)),
     }
     for name, tensor in _tensors(files, sorted(shapes)):
-        if tuple(tensor.shape) != shapes[name]:
-            raise WeightsError(
-                f"{files[name]}: tensor {name} has shape {tuple(tensor.shape)}, "
-                f"the config implies {shapes[name]}"
-            )
         if tensor.dtype not in FLOAT_DTYPES:
             raise WeightsError(
                 f"{files[name]}: tensor {name} has dtype {tensor.dtype}, "

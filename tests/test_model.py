@@ -62,6 +62,19 @@ def test_runner_decode_equals_eager_decode_bitwise(family: str) -> None:
     assert torch.equal(runner.logits, eager_logits)
 
 
+@pytest.mark.parametrize(("new_tokens", "position"), [(1, 24), (1, 100), (1, -3), (4, 21)])
+def test_runner_refuses_a_host_position_outside_the_cache(new_tokens: int, position: int) -> None:
+    """The kernels keep such a step safe but wrong (finite logits from a cache row never
+    written): a host int position is checked; a device one is not (that would be a host sync)."""
+    _, tri = _models()  # cache capacity 24
+    runner = DecodeRunner(tri, 1, new_tokens=new_tokens)
+    tokens = torch.zeros(1, new_tokens, dtype=torch.int64, device=DEVICE)
+    last = 24 - new_tokens
+    with pytest.raises(ValueError, match=rf"position: {position} .*capacity 24; expected 0\.\.{last}"):
+        runner.step(tokens, position)
+    assert runner.next_token is None  # refused before anything ran
+
+
 class _Recorder(TorchDispatchMode):
     """Records every aten op of the step, and every output that is not a view of a known buffer."""
 

@@ -14,10 +14,10 @@ from model import weights as model_weights
 from model.config import ConfigError, ModelConfig
 from model.weights import WeightsError
 
-TINY = {
-    "llama": ModelConfig("llama", 96, 32, 40, 2, 4, 2, 8, tie_word_embeddings=False),
-    "qwen2": ModelConfig("qwen2", 96, 32, 40, 2, 4, 2, 8, qkv_bias=True),
-    "qwen3": ModelConfig("qwen3", 96, 32, 40, 2, 4, 2, 8, qk_norm=True),
+TINY = {  # head_dim 16: the smallest the attention kernels take
+    "llama": ModelConfig("llama", 96, 64, 40, 2, 4, 2, 16, tie_word_embeddings=False),
+    "qwen2": ModelConfig("qwen2", 96, 64, 40, 2, 4, 2, 16, qkv_bias=True),
+    "qwen3": ModelConfig("qwen3", 96, 64, 40, 2, 4, 2, 16, qk_norm=True),
 }
 
 
@@ -78,20 +78,20 @@ def _tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
         (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "missing 1 tensors"),
         (lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.zeros(2)}), "unexpected tensors"),
         (
-            lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.zeros(32, 31)}),
-            "model.layers.0.self_attn.o_proj.weight has shape (32, 31)",
+            lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.zeros(64, 31)}),
+            "model.layers.0.self_attn.o_proj.weight has shape (64, 31), the config implies (64, 64)",
         ),
-        (lambda t: t.update({"model.norm.weight": torch.zeros(32, dtype=torch.int32)}), "dtype torch.int32"),
+        (lambda t: t.update({"model.norm.weight": torch.zeros(64, dtype=torch.int32)}), "dtype torch.int32"),
         (
-            lambda t: t.update({"model.norm.weight": torch.zeros(32, dtype=torch.float64)}),
+            lambda t: t.update({"model.norm.weight": torch.zeros(64, dtype=torch.float64)}),
             "dtype torch.float64, expected bfloat16, float16 or float32",
         ),
         (
-            lambda t: t.update({"model.norm.weight": torch.full((32,), float("nan"), dtype=torch.bfloat16)}),
+            lambda t: t.update({"model.norm.weight": torch.full((64,), float("nan"), dtype=torch.bfloat16)}),
             "model.norm.weight holds NaN or inf values",
         ),
         (
-            lambda t: t.update({"lm_head.weight": torch.ones(96, 32, dtype=torch.bfloat16)}),
+            lambda t: t.update({"lm_head.weight": torch.ones(96, 64, dtype=torch.bfloat16)}),
             "lm_head.weight differs from model.embed_tokens.weight, but the config ties them",
         ),
     ],
@@ -103,6 +103,20 @@ def test_bad_tensors_are_named(tmp_path: Path, edit, message: str) -> None:
     _write(tmp_path, tensors, cfg)
     with pytest.raises(WeightsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         model_weights.load(tmp_path, cfg, "cpu")
+
+
+def test_a_config_far_larger_than_its_checkpoint_is_named_before_allocating(tmp_path: Path) -> None:
+    """The stored shapes come from the safetensors header: no fused matrix of the config's size
+    (here terabytes) is allocated before the mismatch is found."""
+    cfg = TINY["qwen3"]
+    _write(tmp_path, _tensors(cfg), cfg)
+    huge = cfg.replace(vocab_size=10**12, intermediate_size=10**11)
+    with pytest.raises(
+        WeightsError,
+        match=r"model\.safetensors: tensor model\.embed_tokens\.weight has shape \(96, 64\), "
+        r"the config implies \(1000000000000, 64\)",
+    ):
+        model_weights.load(tmp_path, huge, "cpu")
 
 
 def test_a_tied_checkpoint_may_store_the_head_copy(tmp_path: Path) -> None:
@@ -198,6 +212,21 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         ({"eos_token_id": "2"}, "eos_token_id: expected token ids in"),
         ({"eos_token_id": [1, 96]}, r"eos_token_id: expected token ids in \[0, 96\)"),
         ({"intermediate_size": None}, r"config\.json: missing required field 'intermediate_size'$"),
+        (
+            {"head_dim": 48},
+            r"config\.json: head_dim 48 is not supported by the attention kernels; expected one of \(16, 32",
+        ),
+        (
+            {"model_type": "qwen2", "head_dim": None, "hidden_size": 96},
+            r"config\.json: head_dim 24 \(hidden_size 96 / num_attention_heads 4\) is not supported",
+        ),
+        (
+            {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+            "quantization_config: quantized checkpoints are not supported",
+        ),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling: rope scaling"),
+        ({"rope_parameters": {"type": "dynamic", "rope_theta": 1e6}}, "rope_parameters: rope scaling"),
+        ({"rope_scaling": "linear"}, "rope_scaling: expected an object"),
     ],
 )
 def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: str) -> None:
@@ -205,6 +234,39 @@ def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: 
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=message):
         model_config.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rope_scaling": {"rope_type": "default"}},
+        {"rope_scaling": {"type": "default"}},
+        {"rope_scaling": {"rope_type": "default", "type": "dynamic"}},  # rope_type wins, as in transformers
+        {"rope_scaling": {"rope_type": "default", "rope_theta": 3000.0}},
+        {"rope_scaling": {}},
+        {"rope_parameters": {"type": "default"}},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 7000.0}},
+    ],
+)
+def test_default_rope_is_plain_rope_as_transformers_reads_it(change: dict) -> None:
+    """A non-empty rope_scaling replaces rope_parameters in transformers (its rope_theta then
+    comes from the top level): the theta parsed here is the one transformers uses."""
+    import transformers
+
+    cfg = model_config.to_hf_dict(TINY["qwen3"]) | {"rope_theta": 5e5} | change
+    parsed = model_config.from_hf_dict(json.loads(json.dumps(cfg)))
+    hf = transformers.AutoConfig.for_model(**json.loads(json.dumps(cfg)))
+    assert parsed.rope_theta == hf.rope_parameters["rope_theta"]
+
+
+def test_presets_and_the_embedded_configs_pass_the_parser() -> None:
+    """Their head_dims (128, 64, 32) are ones the attention kernels take."""
+    from model import embedded
+
+    for preset in model_config.PRESETS.values():
+        assert model_config.from_hf_dict(model_config.to_hf_dict(preset)) == preset
+    for family in embedded.FAMILIES:
+        assert model_config.from_hf_dict(embedded.tiny_config(family)).head_dim == 32
 
 
 def test_absent_fields_take_transformers_defaults(tmp_path: Path) -> None:
@@ -219,7 +281,7 @@ def test_absent_fields_take_transformers_defaults(tmp_path: Path) -> None:
         return model_config.from_hf_dict(cfg)
 
     assert parse("qwen3", "head_dim").head_dim == 128
-    assert parse("qwen2", "head_dim").head_dim == 32 // 4
+    assert parse("qwen2", "head_dim").head_dim == 64 // 4
     assert not parse("qwen3", "tie_word_embeddings").tie_word_embeddings
     llama = parse("llama", "num_key_value_heads", "max_position_embeddings")
     assert (llama.num_kv_heads, llama.max_position_embeddings) == (4, 2048)

@@ -120,9 +120,26 @@ def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
         ("verify.bisect", ("--inject", "rms_norm@1"), "expected OP=IMPL@LAYERS"),
         ("verify.bisect", ("--model", "/no/such/dir"), "no such directory"),
         ("verify.e2e", ("--model", "/no/such/dir"), "no such directory"),
-        ("verify.e2e", ("--prompt-ids", "1,2,99999"), "token id 99999 is outside the vocabulary"),
-        ("verify.e2e", ("--prompt-ids", ""), "the prompt is empty"),
+        (
+            "verify.e2e",
+            ("--prompt-ids", "1,2,99999"),
+            "--prompt-ids: token id 99999 is outside the vocabulary",
+        ),
+        (
+            "verify.e2e",
+            ("--prompt-ids", "99999999999999999999"),
+            "--prompt-ids: token id 99999999999999999999 is outside the vocabulary [0, 1000)",
+        ),
+        ("verify.e2e", ("--prompt-ids", ""), "--prompt-ids: the prompt is empty"),
         ("verify.bisect", ("--prompt-len", "600"), "exceeds the model's max_position_embeddings 512"),
+        # refused before a KV cache of that many positions is allocated (it was an out-of-memory crash)
+        ("verify.bisect", ("--prompt-len", "10" * 6), "exceeds the model's max_position_embeddings 512"),
+        (
+            "verify.e2e",
+            ("--new-tokens", "10" * 6),
+            "--new-tokens 101010101010: the prompt's 12 tokens + 101010101010 new tokens exceed the model's "
+            "max_position_embeddings 512",
+        ),
         ("verify.e2e", ("--prompt", "hello"), "needs a tokenizer"),
         ("verify.e2e", ("--against", "reference,vllm"), "--against"),
         ("verify.bench", ("model", "--try-config", "9728=gemv n8 k512 w4 s4"), "expected NxK=CONFIG"),
@@ -130,6 +147,16 @@ def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
         ("verify.bench", ("model", "--json", "/no/such/dir/m.json"), "--json /no/such/dir/m.json: no dir"),
         ("verify.bench", ("gemm", "--json", "README.md/g.json"), "no directory README.md"),
         ("verify.bench", ("attention", "--json", "/no/such/dir/a.json"), "no directory /no/such/dir"),
+        ("verify.bench", ("model", "--skip", "hf,vllm"), "--skip: unknown row 'vllm'"),
+        ("verify.bench", ("model", "--prompt-len", "0"), "--prompt-len: expected at least 1"),
+        ("verify.bench", ("gemm", "--replays", "-1"), "--replays: expected at least 1"),
+        ("verify.e2e", ("--json", "/proc/e2e.json"), "--json /proc/e2e.json: cannot be written"),
+        ("verify.bisect", ("--repro-dir", "/proc/repros"), "cannot make a directory in /proc"),
+        (
+            "verify.e2e",
+            ("--inject", "rms_norm=torch:add@1", "--inject", "rms_norm=torch:mul@0,1"),
+            "layer 1's rms_norm is already injected (torch:add)",
+        ),
     ],
 )
 def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> None:
@@ -155,6 +182,79 @@ def test_an_injected_implementation_that_raises_is_a_divergence(module: str) -> 
     assert run.returncode == 1, run.stdout + run.stderr
     assert "DIVERGES: the injected rms_norm (torch:add) raised TypeError" in run.stdout
     assert "Traceback" not in run.stderr
+
+
+def test_an_injected_implementation_calling_sys_exit_is_a_divergence(tmp_path: Path) -> None:
+    """``sys.exit(0)`` inside it must not end the run with exit 0 and no verdict."""
+    impl = tmp_path / "exits.py"
+    impl.write_text("import sys\n\n\ndef rms_norm(x, weight, eps):\n    sys.exit(0)\n")
+    run = cli(
+        "verify.e2e", "--inject", f"rms_norm={impl}:rms_norm@1", "--new-tokens", "1", "--against", "reference"
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "raised SystemExit" in run.stdout
+
+
+def tiny_checkpoint(directory: Path, overflowing: bool = False) -> Path:
+    """A 2-layer random qwen3 checkpoint; ``overflowing``: finite weights whose forward is not (a
+    constant embedding times gate/up weights of 3e38 sums past the fp32 range)."""
+    from model import weights as model_weights
+    from model.config import ModelConfig
+
+    cfg = ModelConfig("qwen3", 120, 64, 72, 2, 4, 2, 16, rope_theta=10000.0, qk_norm=True)
+    weights = model_weights.random_weights(cfg, "cpu")
+    if overflowing:
+        weights.embed.fill_(1.0)
+        weights.layers[0].gate_up.fill_(3e38)
+    model_weights.save(weights, directory)
+    return directory
+
+
+@pytest.mark.parametrize("module", ["verify.e2e", "verify.bisect"])
+def test_a_reference_with_non_finite_logits_is_bad_input(tmp_path: Path, module: str) -> None:
+    """The yardstick itself is broken by the checkpoint: exit 2 naming that, not every layer OVER."""
+    model = str(tiny_checkpoint(tmp_path / "ckpt", overflowing=True))
+    if module == "verify.bisect":
+        run = cli(module, "--model", model, "--prompt-len", "4", "--decode-steps", "0")
+        where = "at prefill"
+    else:
+        run = cli(module, "--model", model, "--new-tokens", "1", "--against", "reference")
+        where = "at step 0"
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"the reference model's logits {where} are not finite" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_bisect_non_finite_triton_side_is_still_a_divergence(tmp_path: Path) -> None:
+    model = str(tiny_checkpoint(tmp_path / "ckpt"))
+    impl = tmp_path / "nan_linear.py"
+    impl.write_text(
+        "import torch\n\n\ndef linear(x, weight, bias=None):\n"
+        "    return torch.full((x.shape[0], weight.shape[0]), float('nan'), dtype=x.dtype, device=x.device)\n"
+    )
+    run = cli(
+        "verify.bisect", "--model", model, "--prompt-len", "4", "--decode-steps", "0",
+        "--repro-dir", str(tmp_path / "repros"), "--inject", f"linear={impl}:linear@1",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES: first at prefill, layer 1" in run.stdout
+
+
+def test_e2e_exits_2_when_transformers_cannot_load_the_oracle(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Only the oracle's load is bad input (say a quantization backend missing): exit 2 with a
+    message, before the run, not a traceback."""
+    import transformers
+
+    from verify import e2e
+
+    def refuse(*args, **kwargs):
+        raise ImportError("this checkpoint needs the optimum package")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    model = str(tiny_checkpoint(tmp_path / "ckpt"))
+    assert e2e.main(["--model", model, "--new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--against hf: transformers cannot load {model} (ImportError: this checkpoint needs" in err
 
 
 def test_e2e_verdicts_ok_near_tie_diverges_and_non_finite() -> None:

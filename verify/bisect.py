@@ -342,12 +342,15 @@ def plot(report: Report, path: str) -> str:
 
 def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: dict, report, device) -> None:
     """Prefill, then each decode step: compare every layer; at the first failing one, drill into its ops."""
+    from model.reference import check_finite
+
     started = time.monotonic()
     ids = _prompt(args.model, args.prompt_len, models.config.vocab_size, device)
     start = torch.zeros(1, dtype=torch.int32, device=device)
     for step in range(args.decode_steps + 1):
         label = "prefill" if step == 0 else f"decode step {step} (position {int(start)})"
         trace = trace_reference(models.reference, ids, start)
+        check_finite(trace.logits, f"at {label}")  # a broken yardstick is bad input, not a divergence
         free_streams, free_logits = free_run(free, ids, start)
         results = compare_step(
             step, trace, free_streams, free_logits, models.triton, lowp, factor, save_dir, impl_specs
@@ -391,13 +394,14 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_output_dir("--repro-dir", args.repro_dir)
         injections = [model_loading.parse_injection(t) for t in args.inject]
         device = backend.device()
+        directory, config = model_loading.checkpoint_config(args.model)
         max_seq = args.prompt_len + args.decode_steps
-        models = model_loading.load(args.model, device, 1, max_seq, injections)
-        if max_seq > models.config.max_position_embeddings:
+        if max_seq > config.max_position_embeddings:  # checked before a KV cache of max_seq exists
             raise model_loading.UsageError(
                 f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps} exceeds the model's "
-                f"max_position_embeddings {models.config.max_position_embeddings}"
+                f"max_position_embeddings {config.max_position_embeddings}"
             )
+        models = model_loading.load(str(directory), device, 1, max_seq, injections)
         free = triton_model.build(models.weights, 1, max_seq, models.triton.fused)
         model_loading.apply_injections(free, injections)
     except model_loading.UsageError as exc:
@@ -429,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     except model_loading.InjectedOpError as exc:
         print(f"\nDIVERGES: {exc}")
         return 1
+    except reference.NonFiniteReference as exc:
+        print(f"verify.bisect: {exc}", file=sys.stderr)
+        return 2
     finally:
         if args.repro_dir is None and not any(save_dir.iterdir()):
             save_dir.rmdir()  # nothing failed: no inputs were saved

@@ -20,6 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
+from verify.cli import UsageError
+
 TOP_K = 50
 
 
@@ -42,8 +44,9 @@ class Step:
     against: dict[str, Comparison] = field(default_factory=dict)
 
 
-class NonFiniteReference(ValueError):
-    """The reference model itself produced NaN or inf logits: bad input, not a divergence."""
+class HFLoadError(Exception):
+    """transformers cannot load the checkpoint: the oracle is unusable, which is bad input, not
+    a divergence."""
 
 
 def margin(logits: torch.Tensor) -> float:
@@ -92,7 +95,14 @@ class HFModel:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # its loading bar would break into the step table
-        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device).eval()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+        except Exception as exc:  # transformers raises many kinds (OSError, ValueError, ImportError, ...)
+            raise HFLoadError(
+                f"--against hf: transformers cannot load {directory} ({type(exc).__name__}: {exc}); "
+                "--against reference runs without it"
+            ) from None
+        self.model = model.to(device).eval()
         self.cache = None
 
     @torch.no_grad()
@@ -122,11 +132,12 @@ def run(
 ) -> tuple[list[Step], dict]:
     from model.generate import prefill
     from model.graph import DecodeRunner
+    from model.reference import check_finite
 
+    hf = HFModel(models.directory, prompt.device) if "hf" in against else None  # first: it may fail
     noise, tie_tol = calibrate_tie_tolerance(models, prompt, tie_factor)
     length = prompt.shape[1]
     runner = DecodeRunner(models.triton, batch=1)
-    hf = HFModel(models.directory, prompt.device) if "hf" in against else None
     ref_logits = prefill(models.reference, prompt)
     logits = {"triton": prefill(models.triton, prompt)}
     if hf is not None:
@@ -134,11 +145,7 @@ def run(
     steps: list[Step] = []
     for step in range(new_tokens):
         ref_row = ref_logits[0]
-        if not bool(torch.isfinite(ref_row).all()):
-            raise NonFiniteReference(
-                f"the reference model's logits at step {step} are not finite: the checkpoint does not "
-                "make a usable model (its weights or config), so there is nothing to compare against"
-            )
+        check_finite(ref_row, f"at step {step}")
         ref_token = int(torch.argmax(ref_row))
         record = Step(step, length + step, ref_token, margin(ref_row))
         for name, value in logits.items():
@@ -186,31 +193,13 @@ def _parser() -> argparse.ArgumentParser:
 def _prompt(
     args: argparse.Namespace, directory, vocab: int, device: torch.device
 ) -> tuple[torch.Tensor, object]:
-    from verify.models import UsageError
-
+    """The prompt ``[1, tokens]`` and the tokenizer (``--prompt`` only)."""
     tokenizer = None
     if args.prompt is not None:
-        from pathlib import Path
-
-        files = ("tokenizer.json", "tokenizer.model", "vocab.json")
-        if not any((Path(directory) / f).is_file() for f in files):
-            raise UsageError(
-                f"--prompt needs a tokenizer in {directory} (one of {', '.join(files)}); use --prompt-ids"
-            )
-        try:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(directory)
-        except Exception as exc:
-            raise UsageError(
-                f"--prompt needs a tokenizer in {directory}: {type(exc).__name__}: {exc}"
-            ) from None
-        ids = tokenizer(args.prompt)["input_ids"]
+        tokenizer = _tokenizer(directory)
+        ids = _checked_ids("--prompt", tokenizer(args.prompt)["input_ids"], vocab)
     elif args.prompt_ids is not None:
-        try:
-            ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-        except ValueError:
-            raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers") from None
+        ids = _checked_ids("--prompt-ids", _parse_ids(args.prompt_ids), vocab)
     elif args.model is None:
         from model import embedded
 
@@ -218,9 +207,52 @@ def _prompt(
     else:
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, vocab, (16,), generator=gen).tolist()
-    if not ids:
-        raise UsageError("the prompt is empty")
     return torch.tensor([ids], dtype=torch.int64, device=device), tokenizer
+
+
+def _tokenizer(directory) -> object:
+    from pathlib import Path
+
+    files = ("tokenizer.json", "tokenizer.model", "vocab.json")
+    if not any((Path(directory) / f).is_file() for f in files):
+        raise UsageError(
+            f"--prompt needs a tokenizer in {directory} (one of {', '.join(files)}); use --prompt-ids"
+        )
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(directory)
+    except Exception as exc:
+        raise UsageError(f"--prompt needs a tokenizer in {directory}: {type(exc).__name__}: {exc}") from None
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+
+
+def _checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
+    """``ids`` once each is a token of the vocabulary, checked as Python ints: a huge one would
+    overflow the tensor before any later check could name the option."""
+    if not ids:
+        raise UsageError(f"{option}: the prompt is empty")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise UsageError(f"{option}: token id {bad} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def _check_positions(prompt_len: int, new_tokens: int, config) -> None:
+    """Before the models are built: the KV cache is sized by the request, so a request past
+    the config's positions must be refused before it is allocated."""
+    limit = config.max_position_embeddings
+    if prompt_len + new_tokens > limit:
+        raise UsageError(
+            f"--new-tokens {new_tokens}: the prompt's {prompt_len} tokens + {new_tokens} new tokens "
+            f"exceed the model's max_position_embeddings {limit}"
+        )
 
 
 def _row(step: Step, names: list[str]) -> str:
@@ -245,7 +277,7 @@ def _header(names: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from model.generate import check_prompt
+    from model.reference import NonFiniteReference
     from ops import backend
     from verify import cli
     from verify import models as model_loading
@@ -255,29 +287,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(against) - {"reference", "hf"})
     try:
         if unknown or "reference" not in against:
-            raise model_loading.UsageError(
-                f"--against {args.against!r}: expected 'reference' and optionally 'hf'"
-            )
+            raise UsageError(f"--against {args.against!r}: expected 'reference' and optionally 'hf'")
         if args.new_tokens < 1:
-            raise model_loading.UsageError(f"--new-tokens {args.new_tokens}: expected at least 1")
+            raise UsageError(f"--new-tokens {args.new_tokens}: expected at least 1")
         cli.check_output_file("--json", args.json)
         injections = [model_loading.parse_injection(text) for text in args.inject]
         device = backend.device()
-        directory = model_loading.resolve_checkpoint(args.model)
-        from model import config as model_config
-
-        try:
-            vocab = model_config.load(directory).vocab_size
-        except model_config.ConfigError as exc:
-            raise model_loading.UsageError(f"--model: {exc}") from None
-        prompt, tokenizer = _prompt(args, directory, vocab, device)
+        directory, config = model_loading.checkpoint_config(args.model)
+        prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
+        _check_positions(prompt.shape[1], args.new_tokens, config)
         max_seq = prompt.shape[1] + args.new_tokens
         models = model_loading.load(str(directory), device, 1, max_seq, injections)
-        try:
-            check_prompt(prompt, models.triton, args.new_tokens)
-        except ValueError as exc:
-            raise model_loading.UsageError(str(exc)) from None
-    except model_loading.UsageError as exc:
+    except UsageError as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2
 
@@ -306,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     except model_loading.InjectedOpError as exc:
         print(f"triton: DIVERGES: {exc}")
         return 1
-    except NonFiniteReference as exc:
+    except (NonFiniteReference, HFLoadError) as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2
     elapsed = time.monotonic() - started

@@ -136,6 +136,16 @@ def resolve_checkpoint(model: str | None) -> Path:
     return path
 
 
+def checkpoint_config(model: str | None) -> tuple[Path, model_config.ModelConfig]:
+    """The checkpoint directory for ``--model`` and its parsed config, read before anything is
+    built: the request's sizes are checked against it first."""
+    directory = resolve_checkpoint(model)
+    try:
+        return directory, model_config.load(directory)
+    except model_config.ConfigError as exc:
+        raise UsageError(f"--model: {exc}") from None
+
+
 @dataclass
 class Models:
     directory: Path
