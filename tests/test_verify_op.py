@@ -156,6 +156,48 @@ def test_a_case_that_is_no_valid_call_exits_2() -> None:
         assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize(
+    ("op", "field", "bogus"),
+    [
+        ("linear", "w_layout", "transposd"),
+        ("attention", "lens", "raggd"),
+        ("rms_norm", "weight", "one"),
+        ("kv_cache_store", "layout", "k_contiguos"),  # a field with a default: absent from typical
+        ("silu_mul", "fused", 1),  # a flag: 1 is not true
+    ],
+)
+def test_a_case_with_an_unknown_choice_exits_2(op: str, field: str, bogus: object) -> None:
+    """An unknown value of a choice field (a typo) is refused naming the field and its options, not
+    built as the builder's default branch and verified."""
+    import registry
+
+    run = verify_op(op, "--case", json.dumps({**registry.get(op).typical, field: bogus}))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"--case is not a valid {op} case: ValueError: {field} {bogus!r}: expected one of" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_every_choice_field_of_every_op_is_strict() -> None:
+    """Each op's typical case (with the fields only its strategy draws added) builds, and the same
+    case with any string or flag field set to a value no option has is refused naming the field."""
+    import torch
+    from hypothesis import find, settings
+
+    import registry
+    from verify import limits
+
+    for spec in registry.all():
+        drawn = find(spec.params(limits.current()), lambda _: True, settings=settings(database=None))
+        params = {**drawn, **spec.typical}
+        spec.build(params, torch.device("cpu"))
+        choices = [k for k, v in params.items() if isinstance(v, str | bool)]
+        assert choices, spec.name
+        for field in choices:
+            bogus = 1 if isinstance(params[field], bool) else "bogus"
+            with pytest.raises(ValueError, match=rf"^{field} {bogus!r}: expected one of"):
+                spec.build({**params, field: bogus}, torch.device("cpu"))
+
+
 def test_recorded_inputs_the_reference_cannot_take_exit_2(tmp_path: Path) -> None:
     """Ids past the table make the reference raise: the recording is bad input, not a divergence
     of the implementation (and no traceback)."""

@@ -36,11 +36,19 @@ class Case:
         return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
 
 
+def choice(params: dict[str, Any], field: str, options: Sequence[Any], default: Any = None) -> Any:
+    """``params[field]`` (``default`` where the field is absent, if one is given), refused unless it
+    is one of ``options``: a typo must not fall through to some default branch of a builder.
+    Types must match too (``1`` is not ``True``)."""
+    value = params[field] if default is None else params.get(field, default)
+    if not any(type(value) is type(option) and value == option for option in options):
+        names = ", ".join(o if isinstance(o, str) else json.dumps(o) for o in options)
+        raise ValueError(f"{field} {value!r}: expected one of {names}")
+    return value
+
+
 def dtype_of(params: dict[str, Any]) -> torch.dtype:
-    name = params.get("dtype", "bfloat16")
-    if name not in DTYPES:
-        raise ValueError(f"dtype {name!r}: expected one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return DTYPES[choice(params, "dtype", tuple(DTYPES), "bfloat16")]
 
 
 def recorded(path: str, args: tuple) -> Case:
@@ -78,7 +86,7 @@ def values(
     elif dist == "normal":
         t = torch.randn(shape, generator=gen, device=device)
     else:
-        raise ValueError(f"unknown distribution {dist!r}; expected one of {DISTRIBUTIONS}")
+        raise ValueError(f"dist {dist!r}: expected one of {', '.join(DISTRIBUTIONS)}")
     return t.to(dtype)
 
 

@@ -12,7 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 from ops.attention import DECODE_MAX_ROWS, uses_decode_path
-from verify.cases import AWKWARD, Case, dtype_name, dtype_of, generator, seed, size, values
+from verify.cases import AWKWARD, Case, choice, dtype_name, dtype_of, generator, seed, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, labels_for, replace
 
@@ -76,10 +76,11 @@ def capacity(params: dict) -> int:
 
 def _seq_lens(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     b, s, longest, cap = params["b"], params["s"], params["s"] + params["past"], capacity(params)
-    if params["lens"] == "ragged":  # row 0 the longest, the others anywhere in [S, longest]
+    kind = choice(params, "lens", LENS)
+    if kind == "ragged":  # row 0 the longest, the others anywhere in [S, longest]
         lens = torch.randint(s, longest + 1, (b,), generator=gen, device=device)
         lens[0] = longest
-    elif params["lens"] == "past_capacity":  # a device value past L: rows beyond L do not exist
+    elif kind == "past_capacity":  # a device value past L: rows beyond L do not exist
         lens = cap + torch.randint(1, 5, (b,), generator=gen, device=device)
     else:
         lens = torch.full((b,), longest, device=device)
@@ -92,7 +93,7 @@ def _qk(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torch
     cap = capacity(params)
     q = torch.randn((b, s, hkv * g, d), generator=gen, device=device)
     k = torch.randn((b, cap, hkv, d), generator=gen, device=device)
-    kind = params["scores"]
+    kind = choice(params, "scores", SCORES)
     if kind == "large":  # scaled scores ~ +-100s: exp overflows fp32 without the max subtracted
         q, k = 8 * q, 8 * k
     elif kind == "very_negative":  # q along u, every key along -u: all scores ~ -64 sqrt(D)

@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 
 from verify.cases import AWKWARD, DISTRIBUTIONS, distribution, dtype_name, seed, size
 
+BOOLS = (False, True)  # the options of a flag field (drawn with st.booleans()), for cases.choice
+INDEX_DTYPES = ("int64", "int32")  # token ids and positions
+
 
 @st.composite
 def lead_dims(draw: st.DrawFn, cap: int, max_dims: int = 3) -> list[int]:

@@ -7,9 +7,9 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, MODEL_DIMS, Case, dtype_of, generator, size, strided_view, values
+from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, strided_view, values
 from verify.limits import Limits
-from verify.strategies.common import Invalid, common, labels_for, lead_dims, padding, replace
+from verify.strategies.common import BOOLS, Invalid, common, labels_for, lead_dims, padding, replace
 
 WIDTHS = AWKWARD + MODEL_DIMS[:-1]
 
@@ -41,15 +41,15 @@ def silu_mul_params(limits: Limits) -> st.SearchStrategy[dict]:
 def silu_mul_build(params: dict, device: torch.device) -> Case:
     """With ``fused``, gate and up are the halves of one ``[M, 2N]`` buffer, as the model passes them."""
     gen = generator(params, device)
-    m, n, dtype = params["m"], params["n"], dtype_of(params)
-    if params["fused"]:
+    m, n, dtype, fused = params["m"], params["n"], dtype_of(params), choice(params, "fused", BOOLS)
+    if fused:
         gate_up = values((m, 2 * n), dtype, params["dist"], gen, device)
         gate, up = gate_up[:, :n], gate_up[:, n:]
     else:
         gate = values((m, n), dtype, params["dist"], gen, device)
         up = values((m, n), dtype, params["dist"], gen, device)
     labels = labels_for(params, N=n, M=m)
-    if params["fused"]:
+    if fused:
         labels.append("non-contiguous")
     return Case(params, (gate, up), labels=tuple(labels))
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, MODEL_DIMS, Case, dtype_of, generator, size, values
+from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
-from verify.strategies.common import Invalid, common, labels_for, replace
+from verify.strategies.common import INDEX_DTYPES, Invalid, common, labels_for, replace
+
+IDS = ("random", "edges", "repeated")  # token ids anywhere, at the table's first and last rows, all one
 
 
 def embedding_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -17,8 +19,8 @@ def embedding_params(limits: Limits) -> st.SearchStrategy[dict]:
             "s": size(limits.seq, AWKWARD),
             "vocab": size(limits.vocab, AWKWARD + MODEL_DIMS),
             "hidden": size(limits.width, AWKWARD + MODEL_DIMS[:-1]),
-            "ids": st.sampled_from(["random", "edges", "repeated"]),
-            "id_dtype": st.sampled_from(["int64", "int32"]),
+            "ids": st.sampled_from(IDS),
+            "id_dtype": st.sampled_from(INDEX_DTYPES),
             "offset": st.integers(0, 5),  # ids start this many columns into a longer buffer
             **common(dists=("normal", "large", "tiny", "constant_rows")),
         }
@@ -28,13 +30,14 @@ def embedding_params(limits: Limits) -> st.SearchStrategy[dict]:
 def embedding_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     b, s, vocab, offset = params["b"], params["s"], params["vocab"], params["offset"]
+    ids_kind, id_dtype = choice(params, "ids", IDS), choice(params, "id_dtype", INDEX_DTYPES)
     table = values((vocab, params["hidden"]), dtype_of(params), params["dist"], gen, device)
     buffer = torch.randint(0, vocab, (b, s + offset + 3), generator=gen, device=device)
-    if params["ids"] == "edges":  # the first and last rows of the table
+    if ids_kind == "edges":  # the first and last rows of the table
         buffer = torch.where(buffer % 2 == 0, 0, vocab - 1)
-    elif params["ids"] == "repeated":
+    elif ids_kind == "repeated":
         buffer = buffer[:, :1].expand_as(buffer).contiguous()
-    ids = buffer.to(getattr(torch, params["id_dtype"]))[:, offset : offset + s]
+    ids = buffer.to(getattr(torch, id_dtype))[:, offset : offset + s]
     labels = labels_for(params, S=s, H=params["hidden"], V=vocab)
     labels += [f"ids {params['ids']}", f"ids {params['id_dtype']}"]
     if offset or b > 1:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
+from verify.cases import AWKWARD, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
-from verify.strategies.common import Invalid, common, labels_for, replace
+from verify.strategies.common import BOOLS, Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
-from verify.strategies.kv_cache import _starts
+from verify.strategies.kv_cache import STARTS, _starts
+from verify.strategies.norm import NORM_WEIGHTS
 from verify.strategies.rope import BASES, TABLES, _rotary_dim, rope_tables
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
@@ -53,7 +54,7 @@ def _norm_fields(limits: Limits) -> dict:
         **_shape_fields(limits),
         "x_layout": st.sampled_from(ROW_LAYOUTS),
         "residual_layout": st.sampled_from(ROW_LAYOUTS),
-        "norm_weight": st.sampled_from(["normal", "ones"]),
+        "norm_weight": st.sampled_from(NORM_WEIGHTS),
         "eps": st.sampled_from([1e-6, 1e-5]),
     }
 
@@ -61,9 +62,11 @@ def _norm_fields(limits: Limits) -> dict:
 def _norm_inputs(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
     """x, the residual and the norm weight, as the model passes them."""
     m, k, dtype = params["m"], params["k"], dtype_of(params)
-    x = _rows(m, k, params["x_layout"], dtype, params["dist"], gen, device)
-    residual = _rows(m, k, params["residual_layout"], dtype, "normal", gen, device)
-    if params["norm_weight"] == "ones":
+    x_layout = choice(params, "x_layout", ROW_LAYOUTS)
+    residual_layout = choice(params, "residual_layout", ROW_LAYOUTS)
+    x = _rows(m, k, x_layout, dtype, params["dist"], gen, device)
+    residual = _rows(m, k, residual_layout, dtype, "normal", gen, device)
+    if choice(params, "norm_weight", NORM_WEIGHTS) == "ones":
         norm_weight = torch.ones(k, dtype=dtype, device=device)
     else:
         norm_weight = (1 + 0.1 * torch.randn(k, generator=gen, device=device)).to(dtype)
@@ -78,9 +81,10 @@ def add_rms_norm_linear_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     x, residual, norm_weight = _norm_inputs(params, gen, device)
     weight = weight_tensor(params, gen, device)
-    bias = values((params["n"],), dtype_of(params), "normal", gen, device) if params["bias"] else None
+    has_bias = choice(params, "bias", BOOLS)
+    bias = values((params["n"],), dtype_of(params), "normal", gen, device) if has_bias else None
     labels = _labels(params, f"x {params['x_layout']}", f"residual {params['residual_layout']}")
-    labels.append("bias" if params["bias"] else "no bias")
+    labels.append("bias" if has_bias else "no bias")
     return Case(params, (x, residual, norm_weight, params["eps"], weight, bias), labels=tuple(labels))
 
 
@@ -219,7 +223,7 @@ def add_rms_norm_linear_rope_kv_store_params(limits: Limits) -> st.SearchStrateg
         "head_dim": st.sampled_from((2, 4, 16, 34, 64, 128, 256)),
         "rotary": st.sampled_from(["full", "full", "half"]),  # half: pairs the epilogue cannot hold
         "extra_rows": st.integers(0, 6),  # cache rows beyond S
-        "starts": st.sampled_from(["random", "zero", "end", "overflow"]),
+        "starts": st.sampled_from(STARTS),
         "base": st.sampled_from(BASES),
         "tables": st.sampled_from(TABLES),
     }
@@ -240,13 +244,14 @@ def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) 
     x, residual, norm_weight = _norm_inputs({**params, "m": b * s}, gen, device)
     n = (hq + 2 * hkv) * d
     weight = weight_tensor({**params, "n": n}, gen, device)
-    bias = values((n,), dtype, "normal", gen, device) if params["bias"] else None
+    has_bias = choice(params, "bias", BOOLS)
+    bias = values((n,), dtype, "normal", gen, device) if has_bias else None
     capacity = s + params["extra_rows"]
     k_cache = values((b, capacity, hkv, d), dtype, "normal", gen, device)
     v_cache = values((b, capacity, hkv, d), dtype, "normal", gen, device)
     start_pos = _starts({**params, "s": s, "capacity": capacity}, gen, device)
     positions = start_pos.long()[:, None] + torch.arange(s, device=device)
-    tables = params.get("tables", "shared")
+    tables = choice(params, "tables", TABLES, "shared")
     cos, sin = rope_tables(positions, _rotary_dim(params), params["base"], tables)
     labels = labels_for(params, B=b, S=s, Hkv=hkv, D=d, K=params["k"])
     labels += [
@@ -257,7 +262,7 @@ def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) 
         f"weight {params['w_layout']}",
         f"x {params['x_layout']}",
         f"residual {params['residual_layout']}",
-        "bias" if params["bias"] else "no bias",
+        "bias" if has_bias else "no bias",
         f"cos/sin {tables}",
     ]
     args = (x, residual, norm_weight, params["eps"], weight, bias, cos, sin, k_cache, v_cache, start_pos)

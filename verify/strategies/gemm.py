@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, MODEL_DIMS, Case, dtype_of, generator, size, strided_view, values
+from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, strided_view, values
 from verify.limits import Limits
-from verify.strategies.common import Invalid, common, labels_for, padding, replace
+from verify.strategies.common import BOOLS, Invalid, common, labels_for, padding, replace
 
 X_LAYOUTS = ("contiguous", "column_slice", "transposed")
 W_LAYOUTS = ("contiguous", "row_slice", "column_slice", "transposed")
@@ -58,7 +58,7 @@ MODEL_PROJECTIONS: dict[str, tuple[Projection, ...]] = {
 
 def _x(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     m, k, dtype, dist = params["m"], params["k"], dtype_of(params), params["dist"]
-    layout = params["x_layout"]
+    layout = choice(params, "x_layout", X_LAYOUTS)
     if layout == "column_slice":  # columns 3..3+K of a wider buffer: strided rows, unaligned start
         return values((m, k + 8), dtype, dist, gen, device)[:, 3 : 3 + k]
     if layout == "transposed":  # stored [K, M]: stride 1 along M
@@ -68,7 +68,7 @@ def _x(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor
 
 def weight_tensor(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     n, k, dtype = params["n"], params["k"], dtype_of(params)
-    layout = params["w_layout"]
+    layout = choice(params, "w_layout", W_LAYOUTS)
     if layout == "row_slice":  # rows 7..7+N of a fused weight (e.g. the K part of a fused QKV)
         return values((n + 12, k), dtype, "normal", gen, device)[7 : 7 + n]
     if layout == "column_slice":  # the first K columns of wider rows
@@ -125,8 +125,9 @@ def linear_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     x = _x(params, gen, device)
     weight = weight_tensor(params, gen, device)
-    bias = values((params["n"],), dtype_of(params), "normal", gen, device) if params["bias"] else None
-    labels = [*_labels(params), "bias" if params["bias"] else "no bias"]
+    has_bias = choice(params, "bias", BOOLS)
+    bias = values((params["n"],), dtype_of(params), "normal", gen, device) if has_bias else None
+    labels = [*_labels(params), "bias" if has_bias else "no bias"]
     return Case(params, (x, weight, bias), labels=tuple(labels))
 
 
@@ -241,7 +242,8 @@ def linear_splitk_build(params: dict, device: torch.device) -> Case:
     if params["k"] % split:
         labels.append("K not divisible by split_k")
     kwargs = {}
-    if params["prealloc"]:  # the CUDA Graph path: the caller's buffer, NaN-filled so unwritten splits show
+    if choice(params, "prealloc", BOOLS):
+        # the CUDA Graph path: the caller's buffer, NaN-filled so unwritten splits show
         shape = (split, params["m"], params["n"])
         kwargs["partials"] = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
         labels.append("preallocated partials")

@@ -7,9 +7,16 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
+from verify.cases import AWKWARD, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, replace
+
+# where each batch row's new tokens start: anywhere they fit, row 0, the cache's last rows, or
+# partly past the capacity (those rows must be dropped)
+STARTS = ("random", "zero", "end", "overflow")
+# k and v as head slices of one QKV row, or one of them contiguous (the unfused model hands over
+# a rotated, contiguous k beside a slice v): their strides then differ
+KV_LAYOUTS = ("qkv_slices", "k_contiguous", "v_contiguous")
 
 
 def kv_cache_store_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -21,10 +28,8 @@ def kv_cache_store_params(limits: Limits) -> st.SearchStrategy[dict]:
             "heads": size(limits.heads, AWKWARD),
             "head_dim": st.sampled_from([2, 16, 34, 64, 128, 256]),
             "q_heads": st.integers(0, 4),  # query heads before k in the fused QKV row
-            "starts": st.sampled_from(["random", "zero", "end", "overflow"]),
-            # k and v as head slices of one QKV row, or one of them contiguous (the unfused model
-            # hands over a rotated, contiguous k beside a slice v): their strides then differ
-            "layout": st.sampled_from(["qkv_slices", "k_contiguous", "v_contiguous"]),
+            "starts": st.sampled_from(STARTS),
+            "layout": st.sampled_from(KV_LAYOUTS),
             **common(dists=("normal", "large")),
         }
     ).filter(lambda p: p["s"] <= p["capacity"])
@@ -32,11 +37,12 @@ def kv_cache_store_params(limits: Limits) -> st.SearchStrategy[dict]:
 
 def _starts(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     b, cap, s = params["b"], params["capacity"], params["s"]
-    if params["starts"] == "zero":
+    starts = choice(params, "starts", STARTS)
+    if starts == "zero":
         start = torch.zeros(b, dtype=torch.int64, device=device)
-    elif params["starts"] == "end":  # the last rows of the cache
+    elif starts == "end":  # the last rows of the cache
         start = torch.full((b,), cap - s, device=device)
-    elif params["starts"] == "overflow":  # some rows fall past the capacity and must be dropped
+    elif starts == "overflow":  # some rows fall past the capacity and must be dropped
         start = torch.randint(max(0, cap - s), cap, (b,), generator=gen, device=device)
     else:
         start = torch.randint(0, cap - s + 1, (b,), generator=gen, device=device)
@@ -52,7 +58,7 @@ def kv_cache_store_build(params: dict, device: torch.device) -> Case:
     qh = params["q_heads"]
     qkv = values((b, s, qh + 2 * h, d), dtype, params["dist"], gen, device)
     k, v = qkv[:, :, qh : qh + h], qkv[:, :, qh + h :]
-    layout = params.get("layout", "qkv_slices")
+    layout = choice(params, "layout", KV_LAYOUTS, "qkv_slices")
     if layout == "k_contiguous":
         k = k.contiguous()
     elif layout == "v_contiguous":

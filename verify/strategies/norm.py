@@ -8,11 +8,12 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, MODEL_DIMS, Case, dtype_of, generator, size, strided_view
+from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, strided_view
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, lead_dims, padding, replace
 
 WIDTHS = AWKWARD + MODEL_DIMS[:-1]  # every norm width but the vocabulary
+NORM_WEIGHTS = ("normal", "ones")  # a norm weight of near-ones, or exactly ones
 
 
 def _fields(limits: Limits) -> dict:
@@ -21,7 +22,7 @@ def _fields(limits: Limits) -> dict:
         "n": size(limits.width, WIDTHS),
         "pad": padding(),
         "eps": st.sampled_from([1e-6, 1e-5]),
-        "weight": st.sampled_from(["normal", "ones"]),
+        "weight": st.sampled_from(NORM_WEIGHTS),
         **common(),
     }
 
@@ -37,7 +38,7 @@ def add_rms_norm_params(limits: Limits) -> st.SearchStrategy[dict]:
 
 def _weight(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     dtype = dtype_of(params)
-    if params["weight"] == "ones":
+    if choice(params, "weight", NORM_WEIGHTS) == "ones":
         return torch.ones(params["n"], dtype=dtype, device=device)
     return (1 + 0.1 * torch.randn(params["n"], generator=gen, device=device)).to(dtype)
 

@@ -7,22 +7,26 @@ import torch
 from hypothesis import strategies as st
 
 from references.rope import rope_cos_sin
-from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
+from verify.cases import AWKWARD, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
-from verify.strategies.common import Invalid, common, labels_for, replace
+from verify.strategies.common import INDEX_DTYPES, Invalid, common, labels_for, replace
 
 HEAD_DIMS = (2, 4, 6, 16, 32, 34, 64, 96, 128, 256)
 BASES = (10000.0, 1000000.0, 500000.0)
+POSITIONS = ("consecutive", "scattered")
+ROTARY = ("full", "half", "quarter")  # the rotary dims: all of head_dim, half of it, a quarter
+COS_SIN_DTYPES = ("float32",)  # rope_cos_sin's tables are fp32 (its tolerance has no other dtype)
 
 
 def _positions(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     """Consecutive positions from ``start`` (prefill, decode), or scattered ones, in a wider buffer."""
     b, s = params["b"], params["s"]
-    if params["positions"] == "consecutive":
+    if choice(params, "positions", POSITIONS) == "consecutive":
         pos = params["start"] + torch.arange(s, device=device).expand(b, s)
     else:
         pos = torch.randint(0, params["start"] + s, (b, s), generator=gen, device=device)
-    buffer = torch.zeros(b, s + 2, dtype=getattr(torch, params["pos_dtype"]), device=device)
+    pos_dtype = getattr(torch, choice(params, "pos_dtype", INDEX_DTYPES))
+    buffer = torch.zeros(b, s + 2, dtype=pos_dtype, device=device)
     buffer[:, 1 : s + 1] = pos
     return buffer[:, 1 : s + 1]
 
@@ -51,8 +55,8 @@ def _position_fields(limits: Limits) -> dict:
         "b": size(limits.batch, AWKWARD),
         "s": size(limits.seq, AWKWARD),
         "start": st.one_of(st.integers(0, 64), st.sampled_from([4095, 32767, 131071])),
-        "positions": st.sampled_from(["consecutive", "scattered"]),
-        "pos_dtype": st.sampled_from(["int64", "int32"]),
+        "positions": st.sampled_from(POSITIONS),
+        "pos_dtype": st.sampled_from(INDEX_DTYPES),
         "base": st.sampled_from(BASES),
         "seed": st.integers(0, 2**16 - 1),
     }
@@ -60,11 +64,16 @@ def _position_fields(limits: Limits) -> dict:
 
 def rope_cos_sin_params(limits: Limits) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries(
-        {**_position_fields(limits), "rotary_dim": st.sampled_from(HEAD_DIMS), "dtype": st.just("float32")}
+        {
+            **_position_fields(limits),
+            "rotary_dim": st.sampled_from(HEAD_DIMS),
+            "dtype": st.sampled_from(COS_SIN_DTYPES),
+        }
     )
 
 
 def rope_cos_sin_build(params: dict, device: torch.device) -> Case:
+    choice(params, "dtype", COS_SIN_DTYPES)
     positions = _positions(params, generator(params, device), device)
     labels = labels_for(params, S=params["s"], rotary_half=params["rotary_dim"] // 2)
     labels += [f"positions {params['positions']}", "non-contiguous"]
@@ -79,7 +88,7 @@ def apply_rope_params(limits: Limits) -> st.SearchStrategy[dict]:
             **_position_fields(limits),
             "heads": size(limits.heads, AWKWARD),
             "head_dim": st.sampled_from(HEAD_DIMS),
-            "rotary": st.sampled_from(["full", "half", "quarter"]),
+            "rotary": st.sampled_from(ROTARY),
             "head_offset": st.integers(0, 3),  # x starts this many heads into the fused QKV row
             "tables": st.sampled_from(TABLES),
             **common(),
@@ -89,7 +98,7 @@ def apply_rope_params(limits: Limits) -> st.SearchStrategy[dict]:
 
 def _rotary_dim(params: dict) -> int:
     d = params["head_dim"]
-    rd = {"full": d, "half": d // 2, "quarter": d // 4}[params["rotary"]]
+    rd = {"full": d, "half": d // 2, "quarter": d // 4}[choice(params, "rotary", ROTARY)]
     return max(2, rd - rd % 2)
 
 
@@ -98,7 +107,7 @@ def apply_rope_build(params: dict, device: torch.device) -> Case:
     b, s, h, d, off = params["b"], params["s"], params["heads"], params["head_dim"], params["head_offset"]
     qkv = values((b, s, off + h + 2, d), dtype_of(params), params["dist"], gen, device)
     x = qkv[:, :, off : off + h]
-    tables = params.get("tables", "shared")
+    tables = choice(params, "tables", TABLES, "shared")
     cos, sin = rope_tables(_positions(params, gen, device), _rotary_dim(params), params["base"], tables)
     labels = labels_for(params, S=s, H=h, D=d)
     labels += [f"rotary {params['rotary']}", f"cos/sin {tables}", "non-contiguous"]

@@ -10,12 +10,12 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, Case, dtype_of, generator, size, values
+from verify.cases import AWKWARD, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
-from verify.strategies.common import Invalid, common, labels_for, replace
-from verify.strategies.kv_cache import _starts
-from verify.strategies.norm import _weight
-from verify.strategies.rope import BASES, COS_SIN_INVALID, HEAD_DIMS, TABLES, _rotary_dim, rope_tables
+from verify.strategies.common import BOOLS, Invalid, common, labels_for, replace
+from verify.strategies.kv_cache import STARTS, _starts
+from verify.strategies.norm import NORM_WEIGHTS, _weight
+from verify.strategies.rope import BASES, COS_SIN_INVALID, HEAD_DIMS, ROTARY, TABLES, _rotary_dim, rope_tables
 
 # q, k, v: head slices of one QKV row (padded: a wider row), three contiguous tensors, or mixed
 # (k contiguous beside q and v slices, as the unfused model hands them over): k and v strides differ
@@ -43,13 +43,13 @@ def rope_kv_store_params(draw: st.DrawFn, limits: Limits) -> dict:
         "b": b,
         "s": s,
         "capacity": s + extra,
-        "starts": draw(st.sampled_from(["random", "zero", "end", "overflow"])),
+        "starts": draw(st.sampled_from(STARTS)),
         "kv_heads": kv_heads,
         "group": group,
         "head_dim": draw(st.sampled_from(HEAD_DIMS)),
-        "rotary": draw(st.sampled_from(["full", "half", "quarter"])),
+        "rotary": draw(st.sampled_from(ROTARY)),
         "qk_norm": draw(st.booleans()),
-        "norm_weight": draw(st.sampled_from(["normal", "ones"])),
+        "norm_weight": draw(st.sampled_from(NORM_WEIGHTS)),
         "eps": draw(st.sampled_from([1e-6, 1e-5])),
         "layout": draw(st.sampled_from(LAYOUTS)),
         "tables": draw(st.sampled_from(TABLES)),
@@ -63,15 +63,15 @@ def _qkv(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torc
     GEMM output viewed as ``[B, S, Hq + 2 Hkv, D]``, or three contiguous tensors."""
     b, s, hkv, d = params["b"], params["s"], params["kv_heads"], params["head_dim"]
     hq = hkv * params["group"]
-    dtype, dist = dtype_of(params), params["dist"]
-    if params["layout"] == "separate":
+    dtype, dist, layout = dtype_of(params), params["dist"], choice(params, "layout", LAYOUTS)
+    if layout == "separate":
         return tuple(values((b, s, h, d), dtype, dist, gen, device) for h in (hq, hkv, hkv))
     width = (hq + 2 * hkv) * d
-    pad = 3 if params["layout"] == "fused_padded" else 0
+    pad = 3 if layout == "fused_padded" else 0
     qkv = values((b * s, width + pad), dtype, dist, gen, device)[:, :width]
     heads = qkv.unflatten(0, (b, s)).unflatten(2, (hq + 2 * hkv, d))
     q, k, v = heads[:, :, :hq], heads[:, :, hq : hq + hkv], heads[:, :, hq + hkv :]
-    return (q, k.contiguous(), v) if params["layout"] == "mixed" else (q, k, v)
+    return (q, k.contiguous(), v) if layout == "mixed" else (q, k, v)
 
 
 def rope_kv_store_build(params: dict, device: torch.device) -> Case:
@@ -83,11 +83,13 @@ def rope_kv_store_build(params: dict, device: torch.device) -> Case:
     v_cache = values((b, cap, hkv, d), dtype, "normal", gen, device)
     start_pos = _starts(params, gen, device)
     positions = start_pos.long()[:, None] + torch.arange(s, device=device)
-    tables = params.get("tables", "shared")
+    tables = choice(params, "tables", TABLES, "shared")
     cos, sin = rope_tables(positions, _rotary_dim(params), params["base"], tables)
     q_norm = k_norm = None
-    if params["qk_norm"]:
-        weight_params = {"n": d, "weight": params["norm_weight"], "dtype": params["dtype"]}
+    qk_norm = choice(params, "qk_norm", BOOLS)
+    if qk_norm:
+        kind = choice(params, "norm_weight", NORM_WEIGHTS)
+        weight_params = {"n": d, "weight": kind, "dtype": params["dtype"]}
         q_norm, k_norm = _weight(weight_params, gen, device), _weight(weight_params, gen, device)
     labels = labels_for(params, S=s, L=cap, Hkv=hkv, D=d)
     labels += [
@@ -95,7 +97,7 @@ def rope_kv_store_build(params: dict, device: torch.device) -> Case:
         f"start {params['starts']}",
         f"group {params['group']}",
         f"rotary {params['rotary']}",
-        "qk-norm" if params["qk_norm"] else "no qk-norm",
+        "qk-norm" if qk_norm else "no qk-norm",
         f"layout {params['layout']}",
         f"cos/sin {tables}",
     ]

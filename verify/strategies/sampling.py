@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, MODEL_DIMS, Case, dtype_of, generator, size, values
+from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, padding, replace
+
+PATTERNS = ("random", "ties", "nan", "neg_inf", "constant")
 
 
 def argmax_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -15,7 +17,7 @@ def argmax_params(limits: Limits) -> st.SearchStrategy[dict]:
         {
             "b": size(limits.batch, AWKWARD),
             "vocab": size(limits.vocab, AWKWARD + MODEL_DIMS),
-            "pattern": st.sampled_from(["random", "ties", "nan", "neg_inf", "constant"]),
+            "pattern": st.sampled_from(PATTERNS),
             "pad": padding(),
             **common(dists=("normal", "large", "tiny")),
         }
@@ -24,7 +26,7 @@ def argmax_params(limits: Limits) -> st.SearchStrategy[dict]:
 
 def argmax_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
-    b, vocab, pattern = params["b"], params["vocab"], params["pattern"]
+    b, vocab, pattern = params["b"], params["vocab"], choice(params, "pattern", PATTERNS)
     logits = values((b, vocab + params["pad"]), torch.float32, params["dist"], gen, device)
     where = torch.randint(0, vocab, (b, 3), generator=gen, device=device)
     rows = torch.arange(b, device=device)[:, None].expand(b, 3)
