@@ -198,8 +198,6 @@ def add_rms_norm_linear_rope_kv_store(
             f"head_dim and kv heads, Hq >= 1), got shape {tuple(weight.shape)}"
         )
     rope_kv_store.check_cos_sin_caches(cos, sin, k_cache, v_cache, start_pos, batch, seq, dim, x, "x")
-    if seq > k_cache.shape[1]:
-        raise ValueError(f"x: {seq} new tokens a row do not fit k_cache of capacity {k_cache.shape[1]}")
     inputs = {"x": x, "residual": residual, "norm_weight": norm_weight, "weight": weight, "bias": bias}
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         validate.disjoint(name, cache, inputs)

@@ -132,8 +132,6 @@ def rope_kv_store(
     batch, seq, q_heads, dim = q.shape
     check_cos_sin_caches(cos, sin, k_cache, v_cache, start_pos, batch, seq, dim, q)
     capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    if seq > capacity:
-        raise ValueError(f"k: {seq} new tokens do not fit k_cache of capacity {capacity}")
     validate.shape("k", k, (batch, seq, kv_heads, dim), "[B, S, Hkv, D] matching q and k_cache")
     validate.shape("v", v, k.shape, "the shape of k")
     for name, t in (("k", k), ("v", v)):
@@ -208,8 +206,8 @@ def check_cos_sin_caches(
 ) -> None:
     """The rotation tables, caches and start rows for ``batch * seq`` new tokens of head_dim
     ``dim`` (q in ``q``'s dtype): what ``rope_kv_store`` and the QKV projection with it in its
-    epilogue (``ops.fused_linear``, whose q comes from its argument ``x``) both take. The caller
-    checks that the new tokens fit the cache, naming its own argument."""
+    epilogue (``ops.fused_linear``, whose q comes from its argument ``x``) both take; errors about
+    q name ``q_name``."""
     validate.tensor("cos", cos, ndim=3, dtypes=(torch.float32,))
     validate.tensor("sin", sin, ndim=3, dtypes=(torch.float32,))
     validate.tensor("k_cache", k_cache, ndim=4)
@@ -228,6 +226,8 @@ def check_cos_sin_caches(
     if not 0 < 2 * half <= dim:
         raise ValueError(f"cos: rotary_dim {2 * half} must be in 1..head_dim ({dim}) of the heads")
     validate.shape("start_pos", start_pos, (batch,), "one start row per batch entry")
+    if seq > capacity:
+        raise ValueError(f"{q_name}: {seq} new tokens a row do not fit k_cache of capacity {capacity}")
     read = {"cos": cos, "sin": sin, "start_pos": start_pos}
     validate.disjoint("k_cache", k_cache, read)
     validate.disjoint("v_cache", v_cache, read | {"k_cache": k_cache})

@@ -259,11 +259,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--layer", action="store_true", help="bisect layer by layer (the only mode; kept explicit)"
     )
+    from verify.cli import positive_int
     from verify.models import add_model_arguments
 
     add_model_arguments(p)
     p.add_argument(
-        "--prompt-len", type=int, default=12, help="prompt tokens for the prefill pass (default 12)"
+        "--prompt-len", type=positive_int, default=12, help="prompt tokens for the prefill pass (default 12)"
     )
     p.add_argument(
         "--decode-steps", type=int, default=3, help="decode steps checked after prefill (default 3)"
@@ -385,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     from verify.tolerances import setting
 
     try:
-        if args.prompt_len < 1 or args.decode_steps < 0:
-            raise model_loading.UsageError("--prompt-len must be >= 1 and --decode-steps >= 0")
+        if args.decode_steps < 0:
+            raise model_loading.UsageError(f"--decode-steps {args.decode_steps}: expected at least 0")
         cli.check_output_file("--json", args.json)
         cli.check_output_file("--plot", args.plot)
         if args.plot and importlib.util.find_spec("matplotlib") is None:

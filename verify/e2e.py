@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from verify.cli import UsageError
+from verify.cli import UsageError, positive_int
 
 TOP_K = 50
 
@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model directory)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
-    p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate (default 8)")
+    p.add_argument("--new-tokens", type=positive_int, default=8, help="tokens to generate (default 8)")
     p.add_argument("--against", default="reference,hf", help="comma list of: reference, hf (default both)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     return p
@@ -288,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if unknown or "reference" not in against:
             raise UsageError(f"--against {args.against!r}: expected 'reference' and optionally 'hf'")
-        if args.new_tokens < 1:
-            raise UsageError(f"--new-tokens {args.new_tokens}: expected at least 1")
         cli.check_output_file("--json", args.json)
         injections = [model_loading.parse_injection(text) for text in args.inject]
         device = backend.device()

@@ -168,7 +168,7 @@ ROPE_KV_STORE_INVALID = (
         "k_cache",
         replace("k_cache", lambda c: c.transpose(1, 2).contiguous().transpose(1, 2)),
     ),
-    Invalid("more new tokens than cache rows", "k", _caches(lambda c: c[:, :2].contiguous())),
+    Invalid("more new tokens than cache rows", "q", _caches(lambda c: c[:, :2].contiguous())),
     Invalid("start_pos as int64", "start_pos", replace("start_pos", lambda p: p.long()), TypeError),
     Invalid("start_pos of the wrong length", "start_pos", replace("start_pos", lambda p: p[:-1])),
     Invalid("q_norm without k_norm", "k_norm", replace("k_norm", lambda _: None)),
