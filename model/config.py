@@ -36,7 +36,6 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1e6
-    rotary_dim: int = 0  # 0: the whole head_dim rotates
     tie_word_embeddings: bool = True
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -62,12 +61,6 @@ class ModelConfig:
             raise ConfigError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_kv_heads})"
-            )
-        if self.rotary_dim == 0:
-            object.__setattr__(self, "rotary_dim", self.head_dim)
-        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-            raise ConfigError(
-                f"rotary dim {self.rotary_dim} must be even and within head_dim {self.head_dim}"
             )
 
     @property
@@ -309,10 +302,3 @@ def to_hf_dict(config: ModelConfig) -> dict:
             list(config.eos_token_ids) if len(config.eos_token_ids) > 1 else config.eos_token_ids[0]
         )
     return out
-
-
-def resolve(model: str | Path) -> ModelConfig:
-    """A preset name or a checkpoint directory."""
-    if str(model) in PRESETS:
-        return PRESETS[str(model)]
-    return load(model)

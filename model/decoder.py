@@ -127,7 +127,7 @@ class Decoder:
     # ---- op dispatch: overrides, static outputs, recording ------------------------------------
 
     def inject(self, op: str, impl: Callable, layers: list[int]) -> None:
-        """Use ``impl`` for ``op`` in these layers (``verify.bisect --inject``)."""
+        """Use ``impl`` for ``op`` in these layers (``--inject`` of verify.bisect and verify.e2e)."""
         if op not in self.impls:
             raise KeyError(f"unknown op {op!r}; the decoder calls {', '.join(OPS)}")
         if op in FUSIONS and not self.fused:
@@ -290,10 +290,10 @@ class Decoder:
         v = heads[:, :, c.num_heads + c.num_kv_heads :]
         k_cache, v_cache = self.k_cache[n], self.v_cache[n]
         if self.fused:
-            norms = (w.q_norm, w.k_norm) if c.qk_norm else (None, None)
+            # qk-norm only: without it the QKV gemv's epilogue does RoPE and the cache write
             return self.op(
                 n, "rope_kv_store", "rope_kv_store", q, k, v, cos, sin, k_cache, v_cache, start_pos,
-                *norms, eps,
+                w.q_norm, w.k_norm, eps,
             )  # fmt: skip
         if c.qk_norm:
             q = self.op(n, "q_norm", "rms_norm", q, w.q_norm, eps)
@@ -312,8 +312,8 @@ class Decoder:
     ) -> torch.Tensor:
         """Run ``ids[B, S]`` whose first token sits at ``start_pos[b]`` (device int32 ``[B]``).
 
-        Writes the new keys and values into the cache; returns fp32-free logits in the model
-        dtype, ``[B, V]`` for the last token (or ``[B, S, V]`` with ``all_logits``).
+        Writes the new keys and values into the cache; returns the logits in the model dtype,
+        ``[B, V]`` for the last token (or ``[B, S, V]`` with ``all_logits``).
         ``layer_hook(n, x, residual)`` sees each layer's output pair.
         """
         c, w = self.config, self.weights
@@ -321,7 +321,7 @@ class Decoder:
         self._shape = (batch, seq)
         x = self.op(MODEL_LAYER, "embedding", "embedding", ids, w.embed)
         positions, seq_lens = self.positions_and_lengths(start_pos, seq)
-        cos, sin = self.op(MODEL_LAYER, "rope", "rope_cos_sin", positions, c.rotary_dim, c.rope_theta)
+        cos, sin = self.op(MODEL_LAYER, "rope", "rope_cos_sin", positions, c.head_dim, c.rope_theta)
         # layer 0 adds nothing to the embedding: a zero residual, so every layer is the same
         zeros = functools.partial(torch.zeros_like, x)
         residual = self._const(("zeros", tuple(x.shape)), zeros) if self.static else zeros()
@@ -329,6 +329,12 @@ class Decoder:
             x, residual = self.layer(n, x, residual, cos, sin, start_pos, seq_lens)
             if layer_hook is not None:
                 layer_hook(n, x, residual)
+        return self.head(x, residual, all_logits)
+
+    def head(self, x: torch.Tensor, residual: torch.Tensor, all_logits: bool = False) -> torch.Tensor:
+        """The final norm of the last layer's ``(x, residual)`` and the lm_head (see ``forward``)."""
+        c, w = self.config, self.weights
+        batch, seq, _ = x.shape
         h, _ = self.op(
             MODEL_LAYER, "final_norm", "add_rms_norm", x, residual, w.final_norm, c.rms_norm_eps, slot=4
         )

@@ -16,15 +16,12 @@ import torch
 
 from model import weights as model_weights
 from model.config import PRESETS
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TRITONCHECK_CACHE", Path.home() / ".cache" / "tritoncheck"))
+from model.embedded import default_cache_dir
 
 
 def checkpoint(name: str, seed: int = 0) -> Path:
     """The directory of preset ``name``'s random checkpoint, built on first use."""
-    target = cache_root() / f"preset-{name}-seed{seed}"
+    target = default_cache_dir() / f"preset-{name}-seed{seed}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

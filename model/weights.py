@@ -10,7 +10,7 @@ shapes from the file headers before anything is allocated.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +50,6 @@ class Weights:
     final_norm: torch.Tensor
     lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
     dtype: torch.dtype = torch.bfloat16
-    source: str = ""
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -157,7 +156,12 @@ def _tensors(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, to
                     ) from None
 
 
-def _allocate(config: ModelConfig, dtype: torch.dtype, matrix, norm, source: str) -> Weights:
+def _allocate(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    matrix: Callable[..., torch.Tensor],
+    norm: Callable[[int], torch.Tensor],
+) -> Weights:
     """Every tensor of the model, made by ``matrix(*shape)`` (projections, biases, embedding) and
     ``norm(n)`` (norm weights), with q/k/v and gate/up fused."""
     c = config
@@ -177,7 +181,7 @@ def _allocate(config: ModelConfig, dtype: torch.dtype, matrix, norm, source: str
     ]
     embed = matrix(c.vocab_size, c.hidden_size)
     lm_head = embed if c.tie_word_embeddings else matrix(c.vocab_size, c.hidden_size)
-    return Weights(c, embed, layers, norm(c.hidden_size), lm_head, dtype, source)
+    return Weights(c, embed, layers, norm(c.hidden_size), lm_head, dtype)
 
 
 def load(
@@ -211,7 +215,7 @@ def load(
     def empty(*shape: int) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=dev)
 
-    weights = _allocate(c, dtype, empty, empty, str(directory))
+    weights = _allocate(c, dtype, empty, empty)
     layers, embed, final_norm, lm_head = weights.layers, weights.embed, weights.final_norm, weights.lm_head
     q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
     slices = {
@@ -273,7 +277,7 @@ def random_weights(
     def norm_weight(n: int) -> torch.Tensor:
         return (1 + 0.1 * torch.randn(n, generator=gen, device=dev)).to(dtype)
 
-    return _allocate(c, dtype, normal, norm_weight, f"random(seed={seed})")
+    return _allocate(c, dtype, normal, norm_weight)
 
 
 def hf_tensors(weights: Weights) -> dict[str, torch.Tensor]:

@@ -504,11 +504,13 @@ def m_bucket(m: int) -> int:
     return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
 
 
-def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+def gemv_config(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    """The M=1 path: ``n`` outputs a program, the weight read in ``k``-wide chunks."""
     return GemmConfig("gemv", 1, n, k, split, w, s)
 
 
-def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+def tiled_config(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
+    """The tiled path: ``[m, n]`` output tiles, ``k``-wide steps."""
     return GemmConfig("tiled", m, n, k, split, w, s)
 
 
@@ -534,47 +536,47 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
     # qkv at 4 outputs a program (the sweep's pick with PDL): 0.842 vs 0.853 and 0.841 vs 0.854
     # ms/token beside the n2 w2 pick in two calls (3 and 5 timings); o_proj the same, no gain
-    (1, 1536, 1024): _gemv(4, 1024, 1, 4, 1),  # qkv_proj
-    (256, 1536, 1024): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
-    (1, 1024, 1024): _gemv(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
-    (256, 1024, 1024): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
+    (1, 1536, 1024): gemv_config(4, 1024, 1, 4, 1),  # qkv_proj
+    (256, 1536, 1024): tiled_config(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
+    (1, 1024, 1024): gemv_config(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
+    (256, 1024, 1024): tiled_config(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
     # gate_up in one K step (the straight-line path: 75 registers, 6 programs per SM, against 117
     # and 4 for the pipelined n8 k512 s4 the sweep chose at 8.33 us): in one call, 3 decode-step
     # timings each, 0.856 ms/token vs 0.944 with the pipelined one (H200, 2026-11-30)
-    (1, 9728, 1024): _gemv(8, 1024, 1, 4, 1),  # gate_up_proj
-    (256, 9728, 1024): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
+    (1, 9728, 1024): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj
+    (256, 9728, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
     # down at 2 warps, 256-wide chunks 8 deep (K = 4864 and 3072 are whole chunks: no masked tail
     # step), against the n2/n8 k512 w4 s4 and n4 k512 w4 s3 before it, in the decode step (H200,
     # 2026-11-30): article 0.681 and 0.682 vs 0.693 and 0.694 ms/token (against a copy, same
     # call); in one process Qwen2.5 shape 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740
-    (1, 1024, 4864): _gemv(2, 256, 1, 2, 8),  # down_proj
-    (256, 1024, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
-    (1, 151936, 1024): _gemv(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
-    (256, 151936, 1024): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
+    (1, 1024, 4864): gemv_config(2, 256, 1, 2, 8),  # down_proj
+    (256, 1024, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
+    (1, 151936, 1024): gemv_config(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
+    (256, 151936, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
     # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
-    (1, 4096, 1024): _gemv(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
-    (256, 4096, 1024): _tiled(64, 128, 64, 1, 4, 4),  # qkv_proj 7.81 us, cuBLAS 6.37 us
+    (1, 4096, 1024): gemv_config(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
+    (256, 4096, 1024): tiled_config(64, 128, 64, 1, 4, 4),  # qkv_proj 7.81 us, cuBLAS 6.37 us
     # (in the Qwen3 step, 2026-11-30, one process: this table 0.733 ms/token; o_proj n2 k256 w2 s8
     # 0.750, n2 k512 w2 s4 0.743, n4 k256 w2 s8 0.745; qkv n8 k1024 0.749, n2 k1024 w2 0.759)
-    (1, 1024, 2048): _gemv(2, 1024, 1, 2, 1),  # o_proj 3.87 us, cuBLAS 12.78 us
-    (256, 1024, 2048): _tiled(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
-    (1, 6144, 1024): _gemv(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.813 vs 0.870 ms/token
-    (256, 6144, 1024): _tiled(128, 128, 64, 1, 4, 4),  # gate_up_proj 9.61 us, cuBLAS 7.88 us
-    (1, 1024, 3072): _gemv(2, 256, 1, 2, 8),  # down_proj
-    (256, 1024, 3072): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 9.50 us, cuBLAS 7.85 us
+    (1, 1024, 2048): gemv_config(2, 1024, 1, 2, 1),  # o_proj 3.87 us, cuBLAS 12.78 us
+    (256, 1024, 2048): tiled_config(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
+    (1, 6144, 1024): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.813 vs 0.870 ms/token
+    (256, 6144, 1024): tiled_config(128, 128, 64, 1, 4, 4),  # gate_up_proj 9.61 us, cuBLAS 7.88 us
+    (1, 1024, 3072): gemv_config(2, 256, 1, 2, 8),  # down_proj
+    (256, 1024, 3072): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 9.50 us, cuBLAS 7.85 us
     # Qwen2.5-0.5B: hidden 896, heads 14/2 x 64, intermediate 4864, QKV bias
     # qkv at 4 outputs a program as the article's (2 rotation pairs): 0.614 vs 0.623 ms/token in
     # one process (H200, 2026-11-30); o_proj at 2 outputs 0.624, lm_head n16 k256 0.627: not kept
-    (1, 1152, 896): _gemv(4, 1024, 1, 4, 1),  # qkv_proj
-    (256, 1152, 896): _tiled(64, 64, 128, 1, 4, 3),  # qkv_proj 5.81 us, cuBLAS 5.05 us
-    (1, 896, 896): _gemv(4, 1024, 1, 4, 2),  # o_proj 2.71 us, cuBLAS 4.68 us
-    (256, 896, 896): _tiled(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
-    (1, 9728, 896): _gemv(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.699 vs 0.798 ms/token
-    (256, 9728, 896): _tiled(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us
-    (1, 896, 4864): _gemv(2, 256, 1, 2, 8),  # down_proj
-    (256, 896, 4864): _tiled(64, 64, 64, 4, 4, 4),  # down_proj 11.47 us, cuBLAS 10.45 us
-    (1, 151936, 896): _gemv(32, 256, 1, 4, 4),  # lm_head 71.47 us, cuBLAS 68.62 us
-    (256, 151936, 896): _tiled(128, 128, 64, 1, 8, 3),  # lm_head 133.55 us, cuBLAS 106.37 us
+    (1, 1152, 896): gemv_config(4, 1024, 1, 4, 1),  # qkv_proj
+    (256, 1152, 896): tiled_config(64, 64, 128, 1, 4, 3),  # qkv_proj 5.81 us, cuBLAS 5.05 us
+    (1, 896, 896): gemv_config(4, 1024, 1, 4, 2),  # o_proj 2.71 us, cuBLAS 4.68 us
+    (256, 896, 896): tiled_config(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
+    (1, 9728, 896): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.699 vs 0.798 ms/token
+    (256, 9728, 896): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us
+    (1, 896, 4864): gemv_config(2, 256, 1, 2, 8),  # down_proj
+    (256, 896, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.47 us, cuBLAS 10.45 us
+    (1, 151936, 896): gemv_config(32, 256, 1, 4, 4),  # lm_head 71.47 us, cuBLAS 68.62 us
+    (256, 151936, 896): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 133.55 us, cuBLAS 106.37 us
 }
 
 
@@ -596,15 +598,15 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
             widest = 64
         block_k = widest // triton.next_power_of_2(max(m, 1))
         stages = 1 if k <= block_k else 3  # one K step: nothing to pipeline, plain wide loads
-        return _gemv(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)
+        return gemv_config(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)
     if m <= 64:  # skinny: a 16..64-row tile, split K to fill the GPU
         block_m = max(16, triton.next_power_of_2(m))
         tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 64)
-        return _tiled(block_m, 64, 128, _fill_split(tiles, k, 128), 4, 4)
+        return tiled_config(block_m, 64, 128, _fill_split(tiles, k, 128), 4, 4)
     if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= SMS:
-        return _tiled(128, 128, 64, 1, 8, 3)
+        return tiled_config(128, 128, 64, 1, 8, 3)
     tiles = triton.cdiv(m, 64) * triton.cdiv(n, 64)
-    return _tiled(64, 64, 64, _fill_split(tiles, k, 64), 4, 4)
+    return tiled_config(64, 64, 64, _fill_split(tiles, k, 64), 4, 4)
 
 
 def config_for(m: int, n: int, k: int) -> GemmConfig:

@@ -1,7 +1,8 @@
 """Write new keys and values into the static KV cache in place (article op 18).
 
 ``start_pos`` is a device tensor so a captured decode graph writes the right row at every
-step. Rows at or past the cache capacity are not written (a host check would need a sync).
+step. Rows outside the cache (a negative start or at or past the capacity) are not written: a
+host check would need a sync.
 """
 
 from __future__ import annotations

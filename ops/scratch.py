@@ -22,5 +22,5 @@ def cached(owner: str, key: tuple, make: Callable[[], T]) -> T:
 
 
 def held(owner: str | None = None) -> list[Any]:
-    """The buffers ``owner`` (None: every owner) holds, oldest first (for tests)."""
+    """The buffers ``owner`` (None: every owner) holds, oldest first (the check poisons them before a run)."""
     return [buffer for key, buffer in _buffers.items() if owner is None or key[0] == owner]

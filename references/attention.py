@@ -1,6 +1,7 @@
 """Causal attention over the KV cache, written as the article's three steps (ops 6, 7, 8).
 
-Each step is a public function, so a drill-down can run and show one step on its own:
+Each step is a public function a reader or a test can run on its own (the Triton kernel fuses
+all three and keeps no intermediates, so the bisect drill-down compares their composition):
 
 1. ``qk_score``: scores ``q . k * scale`` for every query, head and cache row.
 2. ``causal_mask_softmax``: hide cache rows a query may not see, softmax over the rest.

@@ -8,7 +8,8 @@ import torch
 def kv_cache_store(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_pos: torch.Tensor
 ) -> None:
-    """Row ``start_pos[b] + i`` of batch ``b`` gets token ``i``; rows past the capacity are dropped.
+    """Row ``start_pos[b] + i`` of batch ``b`` gets token ``i``; rows outside the cache
+    (a negative start, or at or past the capacity) are dropped.
 
     Written per cache row: row ``j`` takes token ``j - start_pos[b]`` when that is a new token,
     else keeps its value. No host sync and no data-dependent shapes, so the reference model

@@ -19,7 +19,6 @@ from verify.strategies.gemm import MODEL_PROJECTIONS
 
 DEVICE = backend.device()
 LINEAR = registry.get("linear")
-SPLITK = registry.get("linear_splitk")
 
 
 def _linear_case(m: int, n: int, k: int, **extra: object):

@@ -269,7 +269,7 @@ def test_presets_and_the_embedded_configs_pass_the_parser() -> None:
         assert model_config.from_hf_dict(embedded.tiny_config(family)).head_dim == 32
 
 
-def test_absent_fields_take_transformers_defaults(tmp_path: Path) -> None:
+def test_absent_fields_take_transformers_defaults() -> None:
     """As transformers reads config.json: Qwen3's head_dim defaults to 128, nothing is tied unless
     said, qwen2/qwen3 need num_key_value_heads (their default, 32, is no checkpoint's), llama's
     defaults to the head count and its max_position_embeddings to 2048."""

@@ -85,7 +85,7 @@ def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
     assert data["verdicts"] == {"triton": "parity", "hf": "parity"}
 
 
-def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
+def test_e2e_exits_1_on_an_injected_bug() -> None:
     run = cli(
         "verify.e2e",
         "--new-tokens",
@@ -149,6 +149,8 @@ def test_e2e_exits_1_on_an_injected_bug(tmp_path: Path) -> None:
         ("verify.bench", ("attention", "--json", "/no/such/dir/a.json"), "no directory /no/such/dir"),
         ("verify.bench", ("model", "--skip", "hf,vllm"), "--skip: unknown row 'vllm'"),
         ("verify.bench", ("model", "--prompt-len", "0"), "--prompt-len: expected at least 1"),
+        ("verify.bench", (), "usage: python -m verify.bench {gemm,attention,model}"),
+        ("verify.bench", ("roofline",), "usage: python -m verify.bench {gemm,attention,model}"),
         ("verify.e2e", ("--new-tokens", "0"), "--new-tokens: expected at least 1"),
         ("verify.bisect", ("--prompt-len", "x"), "--prompt-len: expected a whole number, got 'x'"),
         ("verify.bisect", ("--decode-steps", "-1"), "--decode-steps -1: expected at least 0"),
@@ -168,6 +170,13 @@ def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> 
     assert message in run.stderr
 
 
+def test_bench_help_lists_the_suites() -> None:
+    run = cli("verify.bench", "--help")
+    assert run.returncode == 0, run.stdout + run.stderr
+    for suite in ("gemm", "attention", "model"):
+        assert f"\n  {suite} " in run.stdout
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")
 def test_bisect_plot_without_matplotlib_exits_2_before_the_run() -> None:
     run = cli("verify.bisect", "--plot", "errors.png")
@@ -176,15 +185,19 @@ def test_bisect_plot_without_matplotlib_exits_2_before_the_run() -> None:
 
 
 @pytest.mark.parametrize("module", ["verify.e2e", "verify.bisect"])
-def test_an_injected_implementation_that_raises_is_a_divergence(module: str) -> None:
-    """It fails as the implementation under test (exit 1, as verify.op), named, without a traceback."""
+def test_an_injected_implementation_that_raises_is_a_divergence(module: str, tmp_path: Path) -> None:
+    """It fails as the implementation under test (exit 1, as verify.op), named, without a traceback,
+    and --json still records the verdict."""
+    report = tmp_path / "report.json"
+    inject = ("--inject", "rms_norm=torch:add@1", "--json", str(report))
     if module == "verify.bisect":
-        run = cli(module, "--inject", "rms_norm=torch:add@1", "--prompt-len", "4", "--decode-steps", "0")
+        run = cli(module, *inject, "--prompt-len", "4", "--decode-steps", "0")
     else:
-        run = cli(module, "--inject", "rms_norm=torch:add@1", "--new-tokens", "1", "--against", "reference")
+        run = cli(module, *inject, "--new-tokens", "1", "--against", "reference")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "DIVERGES: the injected rms_norm (torch:add) raised TypeError" in run.stdout
     assert "Traceback" not in run.stderr
+    assert "raised TypeError" in json.loads(report.read_text())["raised"]
 
 
 def test_an_injected_implementation_calling_sys_exit_is_a_divergence(tmp_path: Path) -> None:
@@ -274,6 +287,24 @@ def test_e2e_verdicts_ok_near_tie_diverges_and_non_finite() -> None:
     assert int(torch.argmax(nan)) == 1 and compare(nan, ref, 1, 0.1).verdict == "DIVERGES"
 
 
+def test_roofline_reads_the_lm_head_once_and_one_embedding_row() -> None:
+    """A decode step reads every layer weight and the lm_head whole; an untied embedding only one
+    row (nothing counted twice), and the KV cache so far."""
+    from model.config import PRESETS
+    from verify.bench.model import roofline_seconds
+
+    tied = PRESETS["article"]
+    untied = tied.replace(tie_word_embeddings=False)
+    vh = tied.vocab_size * tied.hidden_size
+    _, tied_bytes = roofline_seconds(tied, 0, 1.0)
+    _, untied_bytes = roofline_seconds(untied, 0, 1.0)
+    assert tied_bytes == untied_bytes == 2 * tied.num_parameters()
+    assert untied.num_parameters() == tied.num_parameters() + vh
+    _, with_cache = roofline_seconds(tied, 100, 1.0)
+    kv_row = 2 * tied.num_kv_heads * tied.head_dim * 2  # k and v, bf16
+    assert with_cache - tied_bytes == 100 * tied.num_layers * kv_row
+
+
 def test_profile_shares_split_the_union_of_kernel_spans() -> None:
     """Under programmatic dependent launch kernel spans overlap: each kernel is credited with the
     time it extends the busy period, so nothing is counted twice and the shares sum to the union."""
@@ -334,8 +365,11 @@ def test_sweep_writes_table_entries_as_ops_gemm_does() -> None:
     from verify.bench.gemm import _config_source, candidates_for
 
     assert not any(c.kernel == "gemv" for c in candidates_for(256, 1024, 1024))  # prefill: tiled only
-    assert _config_source(GemmConfig.parse("gemv n8 k1024 w4 s1")) == "_gemv(8, 1024, 1, 4, 1)"
-    assert _config_source(GemmConfig.parse("tiled 64x64 k64 splitK4 w4 s4")) == "_tiled(64, 64, 64, 4, 4, 4)"
+    assert _config_source(GemmConfig.parse("gemv n8 k1024 w4 s1")) == "gemv_config(8, 1024, 1, 4, 1)"
+    assert (
+        _config_source(GemmConfig.parse("tiled 64x64 k64 splitK4 w4 s4"))
+        == "tiled_config(64, 64, 64, 4, 4, 4)"
+    )
 
 
 def test_decode_targets_state_the_ceiling_an_empty_launch_sets() -> None:

@@ -42,6 +42,22 @@ def test_reference_as_outside_impl_verifies() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+def test_outside_impl_of_the_contract_signature_is_not_handed_the_kernels_buffer(tmp_path: Path) -> None:
+    """linear_splitk's contract is ``(x, weight, split_k)``; cases with a preallocated ``partials=``
+    (the registered kernel's graph path) must not fail an implementation without that keyword."""
+    impl = tmp_path / "splitk.py"
+    impl.write_text(
+        "import torch\n\n\ndef linear_splitk(x, weight, split_k):\n"
+        "    return (x.float() @ weight.float().t()).to(x.dtype)\n"
+    )
+    import registry
+
+    case = {**registry.get("linear_splitk").typical, "prealloc": True}
+    run = verify_op("linear_splitk", "--case", json.dumps(case), "--impl", f"{impl}:linear_splitk")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "linear_splitk: verified" in run.stdout
+
+
 def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
     run = verify_op("rms_norm", "--impl", "tests/buggy_kernels.py:rms_norm_tail_dropped", "--examples", "30")
     assert run.returncode == 1, run.stdout + run.stderr

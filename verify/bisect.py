@@ -20,12 +20,16 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+
+from model.decoder import MODEL_LAYER, Decoder, OpCall
 
 EMBED, HEAD = "embed", "head"  # the model-level ops before the first and after the last layer
 
@@ -76,6 +80,7 @@ class Report:
     first: LayerResult | None = None
     drill: list[OpResult] = field(default_factory=list)
     culprit: OpResult | None = None
+    raised: str | None = None  # an injected op raised: the run stopped there
 
 
 # ---- recording the reference ---------------------------------------------------------------------
@@ -87,7 +92,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple] = []  # (OpCall, args snapshot, result snapshot)
 
-    def __call__(self, call, run):
+    def __call__(self, call: OpCall, run: Callable[[], Any]) -> Any:
         from verify.compare import clone_value
 
         args = clone_value(call.args)
@@ -95,7 +100,7 @@ class Recorder:
         self.calls.append((call, args, clone_value(result)))
         return result
 
-    def find(self, layer: int, point: str):
+    def find(self, layer: int, point: str) -> tuple[Any, Any]:
         return next(
             (args, result) for call, args, result in self.calls if (call.layer, call.point) == (layer, point)
         )
@@ -116,7 +121,7 @@ class StepTrace:
     recorder: Recorder
 
 
-def trace_reference(model, ids: torch.Tensor, start_pos: torch.Tensor) -> StepTrace:
+def trace_reference(model: Decoder, ids: torch.Tensor, start_pos: torch.Tensor) -> StepTrace:
     from verify.compare import clone_value
 
     recorder = Recorder()
@@ -126,27 +131,21 @@ def trace_reference(model, ids: torch.Tensor, start_pos: torch.Tensor) -> StepTr
         logits = model.forward(ids, start_pos, layer_hook=lambda n, x, r: outputs.append(clone_value((x, r))))
     finally:
         model.interceptor = None
-    embedded = recorder.find(-1, "embedding")[1]
+    embedded = recorder.find(MODEL_LAYER, "embedding")[1]
     inputs = [(embedded, torch.zeros_like(embedded)), *outputs[:-1]]  # layer 0: a zero residual
     return StepTrace(ids, start_pos, list(zip(inputs, outputs, strict=True)), logits, recorder)
 
 
-def _layer_args(model, trace: StepTrace) -> tuple:
-    cos, sin = trace.recorder.find(-1, "rope")[1]
+def _layer_args(model: Decoder, trace: StepTrace) -> tuple:
+    cos, sin = trace.recorder.find(MODEL_LAYER, "rope")[1]
     return cos, sin, trace.start_pos, model.positions_and_lengths(trace.start_pos, trace.ids.shape[1])[1]
-
-
-def _head(model, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    c, w = model.config, model.weights
-    h, _ = model.op(-1, "final_norm", "add_rms_norm", x, residual, w.final_norm, c.rms_norm_eps, slot=4)
-    return model.op(-1, "lm_head", "linear", h[:, -1], w.lm_head, None)
 
 
 # ---- judging layers and ops ----------------------------------------------------------------------
 
 
 def check_recorded_ops(
-    trace: StepTrace, layer: int, triton, save_dir: Path, step: int, impl_specs: dict
+    trace: StepTrace, layer: int, triton: Decoder, save_dir: Path, step: int, impl_specs: dict
 ) -> list[OpResult]:
     """Run each Triton op of ``layer`` on the reference's inputs to that op; judge with the op's tolerance."""
     import registry
@@ -189,8 +188,8 @@ def compare_step(
     trace: StepTrace,
     free_streams: list[torch.Tensor],
     free_logits: torch.Tensor,
-    triton,
-    lowp,
+    triton: Decoder,
+    lowp: Decoder,
     factor: float,
     save_dir: Path,
     impl_specs: dict,
@@ -199,10 +198,10 @@ def compare_step(
 
     cos, sin, start, seq_lens = _layer_args(triton, trace)
     results = []
-    embed_ops = check_recorded_ops(trace, -1, triton, save_dir, step, impl_specs)
+    embed_ops = check_recorded_ops(trace, MODEL_LAYER, triton, save_dir, step, impl_specs)
     embed_ops = [r for r in embed_ops if r.op in ("embedding", "rope_cos_sin")]
     ref_embed = trace.layer_io[0][0][0]
-    tri_embed = triton.op(-1, "embedding", "embedding", trace.ids, triton.weights.embed)
+    tri_embed = triton.op(MODEL_LAYER, "embedding", "embedding", trace.ids, triton.weights.embed)
     e = error(tri_embed, ref_embed)
     results.append(LayerResult(step, EMBED, e, e, Error(0, 0, 0, 1), 0.0, all(r.passed for r in embed_ops)))
     for n, ((x_in, r_in), (x_out, r_out)) in enumerate(trace.layer_io):
@@ -224,9 +223,9 @@ def compare_step(
             )
         )
     x_last, r_last = trace.layer_io[-1][1]
-    forced_logits = _head(triton, x_last, r_last)
+    forced_logits = triton.head(x_last, r_last)
     with computing_in(lowp.weights.dtype):
-        low_logits = _head(lowp, x_last, r_last)
+        low_logits = lowp.head(x_last, r_last)
     lowp_err, forced_err = error(low_logits, trace.logits), error(forced_logits, trace.logits)
     threshold = factor * lowp_err.rel_l2 + 1e-6
     results.append(
@@ -243,7 +242,9 @@ def compare_step(
     return results
 
 
-def free_run(model, ids: torch.Tensor, start_pos: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+def free_run(
+    model: Decoder, ids: torch.Tensor, start_pos: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     streams: list[torch.Tensor] = []
     logits = model.forward(ids, start_pos, layer_hook=lambda n, x, r: streams.append(_stream(x, r)))
     return streams, logits
@@ -257,7 +258,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m verify.bisect", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     p.add_argument(
-        "--layer", action="store_true", help="bisect layer by layer (the only mode; kept explicit)"
+        "--layer",
+        action="store_true",
+        help="compare layer by layer, then op by op in the first layer that diverges "
+        "(what bisect always does; the flag is accepted as ARCHITECTURE.md spells the command)",
     )
     from verify.cli import positive_int
     from verify.models import add_model_arguments
@@ -362,7 +366,7 @@ def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: d
         failed = next((r for r in results if not r.passed), None)
         if failed is not None:
             report.first = failed
-            layer = {EMBED: -1, HEAD: -1}.get(failed.layer)
+            layer = {EMBED: MODEL_LAYER, HEAD: MODEL_LAYER}.get(failed.layer)
             layer = int(failed.layer) if layer is None else layer
             ops = check_recorded_ops(trace, layer, models.triton, save_dir, step, impl_specs)
             if failed.layer == EMBED:
@@ -402,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps} exceeds the model's "
                 f"max_position_embeddings {config.max_position_embeddings}"
             )
-        models = model_loading.load(str(directory), device, 1, max_seq, injections)
+        models = model_loading.load(directory, config, device, 1, max_seq, injections)
         free = triton_model.build(models.weights, 1, max_seq, models.triton.fused)
         model_loading.apply_injections(free, injections)
     except model_loading.UsageError as exc:
@@ -433,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
             _walk(args, models, free, lowp, factor, save_dir, impl_specs, report, device)
     except model_loading.InjectedOpError as exc:
         print(f"\nDIVERGES: {exc}")
+        report.raised = str(exc)
+        cli.write_json(args.json, asdict(report))
         return 1
     except reference.NonFiniteReference as exc:
         print(f"verify.bisect: {exc}", file=sys.stderr)

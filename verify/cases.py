@@ -25,7 +25,11 @@ MODEL_DIMS = (896, 1024, 2048, 3072, 4864, 151936)
 
 @dataclass
 class Case:
-    """One concrete call: ``args``/``kwargs`` for the op, the ``params`` that made them, edge labels."""
+    """One concrete call: ``args``/``kwargs`` for the op, the ``params`` that made them, edge labels.
+
+    ``kwargs`` are the registered kernel's keyword-only extras (a preallocated buffer), beyond
+    the op's contract: an outside implementation that does not take one is called without it.
+    """
 
     params: dict[str, Any]
     args: tuple

@@ -418,6 +418,18 @@ def _raised(result: CheckResult, who: str, exc: BaseException) -> CheckResult:
     return result
 
 
+def _accepted(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword extras ``fn`` takes: the contract's arguments are positional, so an outside
+    implementation is not required to accept the registered kernel's buffers."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return kwargs  # no signature to read: let the call decide
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
 def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str | None = None) -> CheckResult:
     """Run ``impl`` (default: the registered kernel), then the reference, and judge every output."""
     impl = impl or spec.impl
@@ -433,7 +445,8 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     poison_scratch()
     try:
         with PoisonNewTensors():
-            impl_out = named_outputs(impl(*args, **kwargs)) + _mutated(names, spec.mutates, args)
+            impl_out = named_outputs(impl(*args, **_accepted(impl, kwargs)))
+            impl_out += _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)
             _run_reference(spec, case, "reference")

@@ -14,13 +14,19 @@ import inspect
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
 from verify.cli import UsageError, positive_int
+
+if TYPE_CHECKING:
+    from verify.models import Models
 
 TOP_K = 50
 
@@ -90,7 +96,7 @@ def hf_forward(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> tupl
 class HFModel:
     """HF transformers on the same checkpoint: the independent third implementation."""
 
-    def __init__(self, directory, device: torch.device) -> None:
+    def __init__(self, directory: Path, device: torch.device) -> None:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -111,7 +117,7 @@ class HFModel:
         return logits[:, -1]
 
 
-def calibrate_tie_tolerance(models, prompt: torch.Tensor, factor: float) -> tuple[float, float]:
+def calibrate_tie_tolerance(models: Models, prompt: torch.Tensor, factor: float) -> tuple[float, float]:
     """The logits noise of plain bf16 torch: the reference computed in bf16 vs in fp32, at prefill.
 
     Returns (noise, factor * noise): the second is how close two logits must be for a flip
@@ -128,7 +134,12 @@ def calibrate_tie_tolerance(models, prompt: torch.Tensor, factor: float) -> tupl
 
 
 def run(
-    models, prompt: torch.Tensor, new_tokens: int, against: list[str], tie_factor: float, progress=print
+    models: Models,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    against: list[str],
+    tie_factor: float,
+    progress: Callable[[Step], object] = print,
 ) -> tuple[list[Step], dict]:
     from model.generate import prefill
     from model.graph import DecodeRunner
@@ -295,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
         _check_positions(prompt.shape[1], args.new_tokens, config)
         max_seq = prompt.shape[1] + args.new_tokens
-        models = model_loading.load(str(directory), device, 1, max_seq, injections)
+        models = model_loading.load(directory, config, device, 1, max_seq, injections)
     except UsageError as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2
@@ -324,6 +335,16 @@ def main(argv: list[str] | None = None) -> int:
             )
     except model_loading.InjectedOpError as exc:
         print(f"triton: DIVERGES: {exc}")
+        cli.write_json(
+            args.json,
+            {
+                "model": str(models.directory),
+                "backend": backend.name(),
+                "prompt": prompt[0].tolist(),
+                "verdicts": {"triton": "DIVERGES"},
+                "raised": str(exc),
+            },
+        )
         return 1
     except (NonFiniteReference, HFLoadError) as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)

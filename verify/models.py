@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class Injection:
     layers: tuple[int, ...] | None  # None: all layers
 
 
-def add_model_arguments(parser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model`` and ``--inject``, as every model-level CLI takes them."""
     parser.add_argument(
         "--model", help="checkpoint directory or preset name (default: the embedded tiny model)"
@@ -156,13 +157,18 @@ class Models:
 
 
 def load(
-    model: str | None, device: torch.device, max_batch: int, max_seq: int, injections: list[Injection] = ()
+    directory: Path,
+    cfg: model_config.ModelConfig,
+    device: torch.device,
+    max_batch: int,
+    max_seq: int,
+    injections: Sequence[Injection] = (),
 ) -> Models:
-    directory = resolve_checkpoint(model)
+    """The reference and Triton decoders over one copy of the weights of the checkpoint that
+    :func:`checkpoint_config` resolved, with the injections applied to the Triton one."""
     try:
-        cfg = model_config.load(directory)
         weights = model_weights.load(directory, cfg, device)
-    except (model_config.ConfigError, model_weights.WeightsError) as exc:
+    except model_weights.WeightsError as exc:
         raise UsageError(f"--model: {exc}") from None
     fused = decoder_fused(injections)
     ref = reference.build(weights, max_batch, max_seq, fused)
@@ -171,7 +177,7 @@ def load(
     return Models(directory, cfg, weights, ref, tri)
 
 
-def decoder_fused(injections: list[Injection]) -> bool:
+def decoder_fused(injections: Sequence[Injection]) -> bool:
     """Fused ops unless an injection swaps one of their parts (then both models run the parts)."""
     swapped = {inj.op for inj in injections}
     if swapped & FUSED_PARTS and swapped & set(FUSIONS):

@@ -29,14 +29,6 @@ class Tolerance:
     rtol: float = 0.0
     max_error_ratio: float = 0.0
 
-    def describe(self) -> str:
-        if self.rule == "allclose":
-            return f"allclose(atol={self.atol:g}, rtol={self.rtol:g})"
-        if self.rule == "max_error_ratio":
-            extra = f" + {self.atol:g}" if self.atol else ""
-            return f"max_error_ratio(k={self.max_error_ratio:g}, floor 1 ulp{extra})"
-        return "exact"
-
 
 def dtype_key(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ops import gemm
-from ops.gemm import GemmConfig
+from ops.gemm import GemmConfig, gemv_config, tiled_config
 from verify import cli
 from verify.bench import timing
 from verify.strategies.gemm import MODEL_PROJECTIONS, Projection
@@ -42,56 +42,48 @@ PREFILL_CUBLAS_TARGET = 0.70  # M=256: >= 70% of cuBLAS's speed
 # ---- candidates for the sweep ------------------------------------------------------------------
 
 
-def _gemv(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
-    return GemmConfig("gemv", 1, n, k, split, w, s)
-
-
-def _tiled(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
-    return GemmConfig("tiled", m, n, k, split, w, s)
-
-
 # Decode: how many outputs a program owns (BLOCK_N), how much of K one step loads, how far K is
 # split, and whether the K loop is pipelined through shared memory (num_stages > 1) or loads
 # straight into registers (1); plus skinny tl.dot tiles with split-K. Kept short: each config
 # compiles once per shape class.
 DECODE_CANDIDATES = (
-    _gemv(2, 1024, 1, 2, 1),
-    _gemv(4, 1024, 1, 4, 1),
-    _gemv(4, 1024, 1, 4, 2),
-    _gemv(8, 1024, 1, 4, 1),
-    _gemv(8, 1024, 1, 8, 1),
-    _gemv(16, 1024, 1, 8, 1),
-    _gemv(16, 512, 1, 4, 3),
-    _gemv(32, 256, 1, 4, 4),
-    _gemv(8, 512, 1, 4, 4),
-    _gemv(4, 1024, 2, 4, 2),
-    _gemv(4, 512, 2, 4, 1),
-    _gemv(4, 512, 4, 4, 1),
-    _gemv(8, 512, 4, 4, 3),
-    _gemv(4, 256, 8, 4, 3),
+    gemv_config(2, 1024, 1, 2, 1),
+    gemv_config(4, 1024, 1, 4, 1),
+    gemv_config(4, 1024, 1, 4, 2),
+    gemv_config(8, 1024, 1, 4, 1),
+    gemv_config(8, 1024, 1, 8, 1),
+    gemv_config(16, 1024, 1, 8, 1),
+    gemv_config(16, 512, 1, 4, 3),
+    gemv_config(32, 256, 1, 4, 4),
+    gemv_config(8, 512, 1, 4, 4),
+    gemv_config(4, 1024, 2, 4, 2),
+    gemv_config(4, 512, 2, 4, 1),
+    gemv_config(4, 512, 4, 4, 1),
+    gemv_config(8, 512, 4, 4, 3),
+    gemv_config(4, 256, 8, 4, 3),
     # K steps that divide the models' K (4864 = 19 x 256) so no step is masked, deeper pipelines
-    _gemv(2, 512, 1, 4, 4),
-    _gemv(4, 512, 1, 4, 4),
-    _gemv(4, 256, 1, 4, 4),
-    _gemv(8, 256, 1, 4, 4),
-    _gemv(16, 256, 1, 8, 4),
-    _gemv(8, 1024, 1, 8, 2),
-    _tiled(16, 64, 128, 4, 4, 4),
-    _tiled(16, 32, 256, 8, 4, 3),
+    gemv_config(2, 512, 1, 4, 4),
+    gemv_config(4, 512, 1, 4, 4),
+    gemv_config(4, 256, 1, 4, 4),
+    gemv_config(8, 256, 1, 4, 4),
+    gemv_config(16, 256, 1, 8, 4),
+    gemv_config(8, 1024, 1, 8, 2),
+    tiled_config(16, 64, 128, 4, 4, 4),
+    tiled_config(16, 32, 256, 8, 4, 3),
 )
 # Prefill (M=256): tl.dot tiles; split-K variants for the small-N, long-K projections.
 PREFILL_CANDIDATES = (
-    _tiled(128, 256, 64, 1, 8, 3),
-    _tiled(128, 128, 64, 1, 8, 3),
-    _tiled(128, 128, 64, 1, 4, 4),
-    _tiled(128, 64, 64, 1, 4, 4),
-    _tiled(64, 128, 64, 1, 4, 4),
-    _tiled(64, 64, 64, 1, 4, 4),
-    _tiled(64, 64, 128, 1, 4, 3),
-    _tiled(128, 128, 64, 2, 8, 3),
-    _tiled(64, 128, 64, 2, 4, 4),
-    _tiled(64, 64, 64, 2, 4, 4),
-    _tiled(64, 64, 64, 4, 4, 4),
+    tiled_config(128, 256, 64, 1, 8, 3),
+    tiled_config(128, 128, 64, 1, 8, 3),
+    tiled_config(128, 128, 64, 1, 4, 4),
+    tiled_config(128, 64, 64, 1, 4, 4),
+    tiled_config(64, 128, 64, 1, 4, 4),
+    tiled_config(64, 64, 64, 1, 4, 4),
+    tiled_config(64, 64, 128, 1, 4, 3),
+    tiled_config(128, 128, 64, 2, 8, 3),
+    tiled_config(64, 128, 64, 2, 4, 4),
+    tiled_config(64, 64, 64, 2, 4, 4),
+    tiled_config(64, 64, 64, 4, 4, 4),
 )
 
 
@@ -400,11 +392,11 @@ def sweep_problem(preset: str, proj: Projection, m: int, roof: Roofline, replays
 
 
 def _config_source(config: GemmConfig) -> str:
-    """The config as the ``_gemv(...)`` / ``_tiled(...)`` call ``ops/gemm.py`` writes its table with."""
+    """The config as the ``gemv_config(...)`` / ``tiled_config(...)`` call of ``ops/gemm.py``'s table."""
     tail = f"{config.block_k}, {config.split_k}, {config.num_warps}, {config.num_stages}"
     if config.kernel == "gemv":
-        return f"_gemv({config.block_n}, {tail})"
-    return f"_tiled({config.block_m}, {config.block_n}, {tail})"
+        return f"gemv_config({config.block_n}, {tail})"
+    return f"tiled_config({config.block_m}, {config.block_n}, {tail})"
 
 
 def paste_table(results: list[SweepResult], device: str) -> str:

@@ -23,7 +23,8 @@ import torch
 
 from model import reference, triton_model
 from model import weights as model_weights
-from model.config import PRESETS, to_hf_dict
+from model.config import PRESETS, ModelConfig, to_hf_dict
+from model.decoder import Decoder
 from model.graph import DecodeRunner
 from ops import gemm
 from references.precision import computing_in
@@ -59,7 +60,7 @@ def decode_loop(
     return (time.perf_counter() - began) / steps
 
 
-def compiled_decode(ref, first: torch.Tensor, length: int, steps: int) -> float:
+def compiled_decode(ref: Decoder, first: torch.Tensor, length: int, steps: int) -> float:
     """Seconds per token of the plain-bf16 reference compiled by inductor and replayed as one CUDA
     Graph per step (what ``mode="reduce-overhead"`` does, done by hand: the KV cache is state
     the model mutates, which makes inductor's own cudagraph wrapper decline)."""
@@ -84,10 +85,14 @@ def compiled_decode(ref, first: torch.Tensor, length: int, steps: int) -> float:
     return decode_loop(step, first, length, steps)
 
 
-def roofline_seconds(config, context: int, bandwidth: float) -> tuple[float, int]:
-    """Bytes one decode step must read (every weight once, the KV cache so far) over bandwidth."""
-    weight_bytes = 2 * (config.num_parameters() - config.vocab_size * config.hidden_size)  # embedding: 1 row
-    weight_bytes += 2 * config.vocab_size * config.hidden_size  # lm_head (tied: the embedding matrix)
+def roofline_seconds(config: ModelConfig, context: int, bandwidth: float) -> tuple[float, int]:
+    """Bytes one decode step must read (every weight once, the KV cache so far) over bandwidth.
+
+    The lm_head is read whole; the embedding only one row a token, so an untied embedding is
+    left out (a tied one is the lm_head).
+    """
+    embedding = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+    weight_bytes = 2 * (config.num_parameters() - embedding)
     kv_bytes = 2 * 2 * config.num_layers * context * config.num_kv_heads * config.head_dim
     total = weight_bytes + kv_bytes
     return total / bandwidth, total

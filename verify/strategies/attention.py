@@ -11,13 +11,12 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from ops.attention import DECODE_MAX_ROWS, uses_decode_path
+from ops.attention import DECODE_MAX_ROWS, HEAD_DIMS, uses_decode_path
 from verify.cases import AWKWARD, Case, choice, dtype_name, dtype_of, generator, seed, size, values
 from verify.limits import Limits
 from verify.strategies.common import Invalid, labels_for, replace
 
 GROUPS = (1, 2, 4, 7, 8)  # q heads per kv head: MHA, the article (4), Qwen2.5-0.5B (7), ...
-HEAD_DIMS = (16, 32, 64, 128, 256)
 SCORES = ("normal", "large", "very_negative", "ties")
 LENS = ("same", "ragged", "past_capacity")
 GARBAGE = 100.0  # magnitude of cache rows past seq_len: a kernel that reads them is far off

@@ -16,7 +16,7 @@ from verify.strategies.common import BOOLS, Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
 from verify.strategies.kv_cache import STARTS, _starts
 from verify.strategies.norm import NORM_WEIGHTS
-from verify.strategies.rope import BASES, TABLES, _rotary_dim, rope_tables
+from verify.strategies.rope import BASES, TABLES, rope_tables, rotary_dim_of
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
 
@@ -252,7 +252,7 @@ def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) 
     start_pos = _starts({**params, "s": s, "capacity": capacity}, gen, device)
     positions = start_pos.long()[:, None] + torch.arange(s, device=device)
     tables = choice(params, "tables", TABLES, "shared")
-    cos, sin = rope_tables(positions, _rotary_dim(params), params["base"], tables)
+    cos, sin = rope_tables(positions, rotary_dim_of(params), params["base"], tables)
     labels = labels_for(params, B=b, S=s, Hkv=hkv, D=d, K=params["k"])
     labels += [
         "fused gemv" if b * s <= 4 and params["rotary"] == "full" else "composed",

@@ -96,7 +96,7 @@ def apply_rope_params(limits: Limits) -> st.SearchStrategy[dict]:
     )
 
 
-def _rotary_dim(params: dict) -> int:
+def rotary_dim_of(params: dict) -> int:
     d = params["head_dim"]
     rd = {"full": d, "half": d // 2, "quarter": d // 4}[choice(params, "rotary", ROTARY)]
     return max(2, rd - rd % 2)
@@ -108,7 +108,7 @@ def apply_rope_build(params: dict, device: torch.device) -> Case:
     qkv = values((b, s, off + h + 2, d), dtype_of(params), params["dist"], gen, device)
     x = qkv[:, :, off : off + h]
     tables = choice(params, "tables", TABLES, "shared")
-    cos, sin = rope_tables(_positions(params, gen, device), _rotary_dim(params), params["base"], tables)
+    cos, sin = rope_tables(_positions(params, gen, device), rotary_dim_of(params), params["base"], tables)
     labels = labels_for(params, S=s, H=h, D=d)
     labels += [f"rotary {params['rotary']}", f"cos/sin {tables}", "non-contiguous"]
     return Case(params, (x, cos, sin), labels=tuple(labels))

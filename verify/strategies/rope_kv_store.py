@@ -15,7 +15,15 @@ from verify.limits import Limits
 from verify.strategies.common import BOOLS, Invalid, common, labels_for, replace
 from verify.strategies.kv_cache import STARTS, _starts
 from verify.strategies.norm import NORM_WEIGHTS, _weight
-from verify.strategies.rope import BASES, COS_SIN_INVALID, HEAD_DIMS, ROTARY, TABLES, _rotary_dim, rope_tables
+from verify.strategies.rope import (
+    BASES,
+    COS_SIN_INVALID,
+    HEAD_DIMS,
+    ROTARY,
+    TABLES,
+    rope_tables,
+    rotary_dim_of,
+)
 
 # q, k, v: head slices of one QKV row (padded: a wider row), three contiguous tensors, or mixed
 # (k contiguous beside q and v slices, as the unfused model hands them over): k and v strides differ
@@ -84,7 +92,7 @@ def rope_kv_store_build(params: dict, device: torch.device) -> Case:
     start_pos = _starts(params, gen, device)
     positions = start_pos.long()[:, None] + torch.arange(s, device=device)
     tables = choice(params, "tables", TABLES, "shared")
-    cos, sin = rope_tables(positions, _rotary_dim(params), params["base"], tables)
+    cos, sin = rope_tables(positions, rotary_dim_of(params), params["base"], tables)
     q_norm = k_norm = None
     qk_norm = choice(params, "qk_norm", BOOLS)
     if qk_norm:
