@@ -91,6 +91,7 @@ _REGISTRY: dict[str, OpSpec] = {}
 
 
 def register(spec: OpSpec) -> OpSpec:
+    """Add one op; a second op of the same name is refused (one entry per op)."""
     if spec.name in _REGISTRY:
         raise ValueError(f"op {spec.name!r} registered twice")
     _REGISTRY[spec.name] = spec
@@ -98,6 +99,7 @@ def register(spec: OpSpec) -> OpSpec:
 
 
 def get(name: str) -> OpSpec:
+    """The op called ``name``; an unknown name lists the registered ones."""
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -105,6 +107,7 @@ def get(name: str) -> OpSpec:
 
 
 def all() -> list[OpSpec]:
+    """Every op, in registration order (the article's data flow)."""
     return list(_REGISTRY.values())
 
 

@@ -26,6 +26,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """What the kernels need of a checkpoint's config.json, in the model's own terms; checked on
+    construction, so a malformed preset fails as a malformed file does."""
+
     family: str
     vocab_size: int
     hidden_size: int

@@ -15,6 +15,9 @@ from model.weights import Weights
 
 
 def build(weights: Weights, max_batch: int, max_seq: int, fused: bool = True) -> Decoder:
+    """The decoder on the registered references (eager torch, fresh tensors each call): the
+    yardstick. ``fused`` picks the fused ops' references, so its hook points match the Triton
+    model's one for one."""
     impls = {name: registry.get(name).reference for name in OPS}
     return Decoder(weights, impls, max_batch, max_seq, static=False, name="reference", fused=fused)
 

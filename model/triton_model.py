@@ -13,5 +13,6 @@ from model.weights import Weights
 
 
 def build(weights: Weights, max_batch: int, max_seq: int, fused: bool = True) -> Decoder:
+    """The same decoder on the registered Triton kernels, over the same weights (no copy)."""
     impls = {name: registry.get(name).impl for name in OPS}
     return Decoder(weights, impls, max_batch, max_seq, static=False, name="triton", fused=fused)

@@ -31,6 +31,8 @@ class WeightsError(ValueError):
 
 @dataclass
 class LayerWeights:
+    """One layer's tensors, q/k/v and gate/up already fused into one matrix each (one gemv)."""
+
     input_norm: torch.Tensor
     qkv: torch.Tensor  # [q + 2 kv, H]: q rows, then k, then v
     qkv_bias: torch.Tensor | None
@@ -44,6 +46,8 @@ class LayerWeights:
 
 @dataclass
 class Weights:
+    """The whole model on one device, shared by the reference and the Triton decoder."""
+
     config: ModelConfig
     embed: torch.Tensor  # [V, H]
     layers: list[LayerWeights]

@@ -67,6 +67,9 @@ SIZES = ("S", "L", "HQ", "HKV", "GROUP")
 
 @dataclass(frozen=True)
 class PrefillConfig:
+    """A prefill launch: a program holds ``block_m`` queries and walks the cache ``block_n`` rows
+    a step."""
+
     block_m: int  # queries per program
     block_n: int  # cache rows per step
     num_warps: int
@@ -75,6 +78,9 @@ class PrefillConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
+    """A decode launch: the cache is cut into splits so that about ``target_programs`` programs
+    run at batch 1 (flash-decoding), each walking its split ``block_n`` rows a step."""
+
     block_n: int  # cache rows per step
     num_warps: int
     num_stages: int

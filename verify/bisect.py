@@ -36,6 +36,8 @@ EMBED, HEAD = "embed", "head"  # the model-level ops before the first and after 
 
 @dataclass
 class Error:
+    """How far one tensor is from another, in the measures the tables print."""
+
     max_abs: float
     mean_abs: float
     rel_l2: float
@@ -52,6 +54,9 @@ def error(actual: torch.Tensor, expected: torch.Tensor) -> Error:
 
 @dataclass
 class LayerResult:
+    """One layer at one step: the free-running and teacher-forced errors against the reference,
+    and plain bf16 torch's on the same input, whose multiple is the threshold."""
+
     step: int
     layer: str  # "embed", "0", "1", ..., "head"
     free: Error
@@ -63,6 +68,8 @@ class LayerResult:
 
 @dataclass
 class OpResult:
+    """One op of the drill-down, run on the reference's recorded inputs for that op."""
+
     point: str
     op: str
     shapes: str
@@ -74,6 +81,9 @@ class OpResult:
 
 @dataclass
 class Report:
+    """The whole run, as --json writes it: every layer's result, the first that diverged, its
+    drill-down and the culprit op (if one op diverges on its own)."""
+
     model: str
     steps: list[str] = field(default_factory=list)
     layers: list[LayerResult] = field(default_factory=list)

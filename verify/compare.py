@@ -51,6 +51,9 @@ class OutputReport:
 
 @dataclass
 class CheckResult:
+    """The verdict on one case: every output's report, what raised (if anything) and the
+    command that reruns exactly this case."""
+
     op: str
     case: Case
     passed: bool

@@ -43,6 +43,9 @@ class Comparison:
 
 @dataclass
 class Step:
+    """One generated position: the reference's token and its top-1 margin, and each compared
+    model's verdict there."""
+
     step: int
     position: int
     ref_token: int
@@ -56,6 +59,7 @@ class HFLoadError(Exception):
 
 
 def margin(logits: torch.Tensor) -> float:
+    """Top-1 minus top-2 logit: how far a token is from flipping."""
     top2 = logits.float().topk(2).values
     return float(top2[0] - top2[1])
 
@@ -141,6 +145,9 @@ def run(
     tie_factor: float,
     progress: Callable[[Step], object] = print,
 ) -> tuple[list[Step], dict]:
+    """Greedy decoding of ``new_tokens`` after ``prompt``, teacher-forced on the reference's
+    tokens (a flip at one step must not derail every later one), the Triton model decoding
+    through its CUDA Graph runner; returns the steps and the near-tie calibration."""
     from model.generate import prefill
     from model.graph import DecodeRunner
     from model.reference import check_finite

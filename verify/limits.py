@@ -9,6 +9,8 @@ from ops import backend
 
 @dataclass(frozen=True)
 class Limits:
+    """The largest size a strategy may draw along each axis."""
+
     rows: int  # leading rows of row-wise ops (M, B*S)
     width: int  # row width (hidden, intermediate)
     vocab: int  # vocabulary size for embedding and argmax
@@ -23,4 +25,5 @@ CUDA = Limits(rows=300, width=8192, vocab=152064, seq=2100, batch=4, heads=32, g
 
 
 def current() -> Limits:
+    """The caps of the backend this process runs kernels on."""
     return CUDA if backend.name() == "cuda" else INTERPRETER

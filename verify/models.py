@@ -31,6 +31,8 @@ class InjectedOpError(Exception):
 
 @dataclass(frozen=True)
 class Injection:
+    """One ``--inject OP=IMPL@LAYERS``: an outside implementation swapped into the Triton model."""
+
     op: str
     impl_spec: str
     layers: tuple[int, ...] | None  # None: all layers
@@ -149,6 +151,8 @@ def checkpoint_config(model: str | None) -> tuple[Path, model_config.ModelConfig
 
 @dataclass
 class Models:
+    """A checkpoint loaded once, with the reference and Triton decoders over its weights."""
+
     directory: Path
     config: model_config.ModelConfig
     weights: model_weights.Weights

@@ -18,6 +18,9 @@ from verify.compare import CheckResult, check
 
 @dataclass
 class Outcome:
+    """One op's property run: how many cases, which edge classes they covered, the worst
+    passing case, and the (shrunk) failure if there was one."""
+
     op: str
     passed: bool
     cases: int = 0
@@ -28,6 +31,7 @@ class Outcome:
 
 
 def runnable_examples(spec: registry.OpSpec) -> list[dict]:
+    """The op's named examples this backend can run (full model shapes only on the GPU)."""
     on_gpu = backend.name() == "cuda"
     return [e for e in spec.examples if on_gpu or e.get("gpu", True) is False]
 
@@ -40,6 +44,8 @@ def run(
     random_seed: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Outcome:
+    """The named examples first, then ``max_examples`` Hypothesis cases under the active
+    profile; a failure is shrunk to its smallest repro before it is reported."""
     outcome = Outcome(spec.name, True)
     device = backend.device()
 
