@@ -58,6 +58,22 @@ def test_outside_impl_of_the_contract_signature_is_not_handed_the_kernels_buffer
     assert "linear_splitk: verified" in run.stdout
 
 
+def test_an_impl_taking_the_contracts_arguments_in_another_order_exits_2(tmp_path: Path) -> None:
+    """Renamed arguments are the implementation's business; a contract name at another position
+    is a swapped order, which would otherwise be reported as a divergence of the kernel."""
+    impl = tmp_path / "swapped.py"
+    impl.write_text("def linear(weight, x, bias=None):\n    return x @ weight.t()\n")
+    run = verify_op("linear", "--impl", f"{impl}:linear")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "takes 'weight' at position 0; the linear signature (x, weight, bias) has it at 1" in run.stderr
+    impl.write_text(
+        "def linear(a, b, c=None):\n"
+        "    y = a.float() @ b.float().t()\n"
+        "    return (y if c is None else y + c.float()).to(a.dtype)\n"
+    )
+    assert verify_op("linear", "--impl", f"{impl}:linear", "--examples", "2").returncode == 0
+
+
 def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
     run = verify_op("rms_norm", "--impl", "tests/buggy_kernels.py:rms_norm_tail_dropped", "--examples", "30")
     assert run.returncode == 1, run.stdout + run.stderr

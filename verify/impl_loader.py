@@ -42,7 +42,11 @@ def load(spec: str, option: str = "--impl") -> Callable:
 
 
 def check_signature(fn: Callable, reference: Callable, op: str, option: str = "--impl") -> None:
-    """The outside function must take the op's positional arguments (extra ones need defaults)."""
+    """The outside function must take the op's positional arguments (extra ones need defaults).
+
+    Its own names for them are its business, but a contract name at another position is an
+    argument order that would be judged as a divergence: refused as bad usage instead.
+    """
     want = [p.name for p in inspect.signature(reference).parameters.values() if p.kind != p.KEYWORD_ONLY]
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -57,3 +61,10 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
         raise ImplError(
             f"{option}: {fn.__name__}({got}) does not match the {op} signature ({', '.join(want)})"
         )
+    for i, p in enumerate(positional[: len(want)]):
+        if p.name in want and want.index(p.name) != i:
+            got = ", ".join(p.name for p in positional)
+            raise ImplError(
+                f"{option}: {fn.__name__}({got}) takes {p.name!r} at position {i}; the {op} signature "
+                f"({', '.join(want)}) has it at {want.index(p.name)}"
+            )
