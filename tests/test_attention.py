@@ -216,6 +216,21 @@ def test_bad_path_and_scratch_are_refused() -> None:
                                 v_cache.new_zeros(*v_cache.shape[:3], 48), seq_lens, scale)  # fmt: skip
 
 
+PREFILL_BLOCK_N = ops_attention.prefill_config(16, torch.bfloat16).block_n
+
+
+@pytest.mark.parametrize("past", range(2 * PREFILL_BLOCK_N + 1))
+def test_prefill_causal_edge_at_every_offset_in_a_key_block(past: int) -> None:
+    """Two queries after ``past`` rows: the first query's last visible row walks every offset of a
+    key block, so a block loop that skips the causal mask one tile too far (or one row short) is
+    caught at some ``past``, not only where a drawn case happens to land on it."""
+    spec = registry.get("attention_prefill")
+    params = {**TYPICAL, "b": 1, "kv_heads": 1, "group": 2, "head_dim": 16, "s": 2, "past": past}
+    case = spec.build({**params, "slack": 0, "lens": "same", "q_offset": 0}, DEVICE)
+    result = check(spec, case)
+    assert result.passed, result.describe()
+
+
 @pytest.mark.parametrize("bug", ["causal_off_by_one", "gqa_modulo", "no_rescale"])
 def test_buggy_attention_is_caught(bug: str) -> None:
     # prefill from an empty cache (query 0 sees one row), 2 kv heads, 20 queries > one 16-row block

@@ -111,16 +111,39 @@ def test_unwritten_output_is_caught() -> None:
     assert not check(spec, case, buggy_kernels.rms_norm_half_written).passed
 
 
-def test_nan_where_reference_is_finite_is_caught() -> None:
-    spec, case = _case("add")
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("op", ["add", "silu_mul", "rms_norm"])  # exact, allclose, max_error_ratio
+def test_a_non_finite_element_where_the_reference_is_finite_is_caught(op: str, bad: float) -> None:
+    spec, case = _case(op)
 
-    def one_nan(x, y):
-        out = spec.impl(x, y)
-        out.view(-1)[5] = float("nan")
+    def one_bad(*args):
+        out = spec.impl(*args)
+        out.view(-1)[5] = bad
         return out
 
-    result = check(spec, case, one_nan)
+    result = check(spec, case, one_bad)
     assert not result.passed and "NaN/Inf" in result.outputs[0].reason
+
+
+def test_an_output_of_a_broadcastable_wrong_shape_is_caught() -> None:
+    spec, case = _case("rms_norm")
+    result = check(spec, case, lambda x, w, eps: norm.rms_norm(x, w, eps)[None])
+    assert not result.passed and "shape" in result.outputs[0].reason
+
+
+def test_tensors_the_implementation_allocates_start_as_nan_or_minus_one() -> None:
+    """Memory an implementation allocates is poisoned, so an element it never writes cannot pass
+    on whatever the allocator hands back (often the right answer from an earlier run)."""
+    spec, case = _case("add")
+    seen = []
+
+    def allocates(x, y):
+        seen.append((torch.empty(16, device=x.device).clone(), torch.empty(4, dtype=torch.int32).clone()))
+        return spec.impl(x, y)
+
+    assert check(spec, case, allocates).passed
+    floats, ints = seen[0]
+    assert torch.isnan(floats).all() and (ints == -1).all()
 
 
 def test_non_contiguous_output_is_caught() -> None:
@@ -208,6 +231,58 @@ def test_a_nan_in_an_error_measure_does_not_pass_everything() -> None:
     # the reference NaN where the oracle is finite, matched by a NaN of the implementation
     assert not _ratio_verdict([500, float("nan"), -9], [1, float("nan"), 3], [1, 2, 3], [1, 2, 3])
     assert _ratio_verdict([1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2.01, 3])
+
+
+def test_max_error_ratio_is_capped_where_plain_torch_breaks_down() -> None:
+    """A baseline far off the oracle must not license any error: the bound stops at 1/32 of
+    max|oracle| (plus an ulp)."""
+    broken = [1, 2, 400]
+    assert not _ratio_verdict([1, 2, 4.5], [1, 2, 4], [1, 2, 4], broken)  # 12% of max|oracle|
+    assert _ratio_verdict([1, 2, 4.0625], [1, 2, 4], [1, 2, 4], broken)  # within the cap
+
+
+def test_the_oracle_is_fp64_and_rounds_only_what_the_definition_rounds() -> None:
+    from references.precision import computing_in, oracle, rounded
+    from verify.compare import _run_reference
+
+    for op in ("rms_norm", "splitk_reduce"):  # output dtype from the input's, and an out_dtype argument
+        spec, case = _case(op)
+        (_, out), *_ = _run_reference(spec, case, "oracle")
+        assert out.dtype == torch.float64
+        assert not torch.equal(out, out.to(torch.bfloat16).double())  # not rounded to the op's dtype
+    x = torch.tensor([1 + 2**-10], dtype=torch.float64)
+    with oracle(storage=torch.bfloat16):
+        # an intermediate the op's definition rounds is rounded to the inputs' storage dtype
+        assert rounded(x, torch.float32).dtype == torch.float64
+        assert rounded(x, torch.float32).item() == 1.0
+    with computing_in(torch.float32):
+        assert rounded(x.float(), torch.bfloat16).item() == 1.0
+
+
+def _impl_wrong_on_calls(spec, wrong):
+    """The registered kernel, its output scaled on the calls (counted from 1) where ``wrong``."""
+    calls = []
+
+    def impl(*args):
+        out = spec.impl(*args)
+        calls.append(None)
+        return out * 1.5 if wrong(len(calls)) else out
+
+    return impl
+
+
+def test_a_failure_in_either_stage_of_a_property_run_fails_it() -> None:
+    """Named examples run first, drawn cases after: a kernel wrong only in one stage must fail."""
+    from verify import property
+
+    spec = registry.get("rms_norm")
+    named = len(property.runnable_examples(spec))
+    assert named >= 1
+    drawn_only = property.run(spec, _impl_wrong_on_calls(spec, lambda n: n > named), max_examples=5)
+    assert not drawn_only.passed and drawn_only.failure is not None
+    named_only = property.run(spec, _impl_wrong_on_calls(spec, lambda n: n == 1), max_examples=5)
+    assert not named_only.passed and named_only.failure is not None
+    assert property.run(spec, _impl_wrong_on_calls(spec, lambda n: False), max_examples=5).passed
 
 
 def test_exact_rule_compares_bits() -> None:
