@@ -285,6 +285,22 @@ def test_a_failure_in_either_stage_of_a_property_run_fails_it() -> None:
     assert property.run(spec, _impl_wrong_on_calls(spec, lambda n: False), max_examples=5).passed
 
 
+def test_a_report_says_how_much_of_its_tolerance_an_output_used() -> None:
+    """``used``: error over bound at the worst element, so a run can show how near it came."""
+    allclose = Tolerance("allclose", atol=0.0, rtol=0.01)
+    ref = torch.tensor([1.0, 100.0])
+    assert judge("out", torch.tensor([1.005, 100.0]), ref, allclose).used == pytest.approx(0.5)
+    assert judge("out", torch.tensor([1.0, 102.0]), ref, allclose).used == pytest.approx(2.0)
+    assert judge("out", ref.clone(), ref, Tolerance("exact")).used is None
+    four = _bf16([1, 2, 4])
+    tol = Tolerance("max_error_ratio", max_error_ratio=2.0)
+    ratio = judge("out", _bf16([1, 2, 4.0625]), four, tol, four.double(), _bf16([1, 2, 400]))
+    assert ratio.used == pytest.approx(0.0625 / ratio.bound)
+    spec, case = _case("rms_norm")
+    result = check(spec, case)
+    assert result.passed and 0 < result.used <= 1
+
+
 def test_exact_rule_compares_bits() -> None:
     exact = Tolerance("exact")
     copy = torch.tensor([1.0, float("nan"), -0.0], dtype=torch.bfloat16)

@@ -12,6 +12,7 @@ allocator's recycled memory held: on CPU that was often the right answer from th
 from __future__ import annotations
 
 import inspect
+import math
 import shlex
 import traceback
 from collections.abc import Callable
@@ -47,6 +48,14 @@ class OutputReport:
     impl_value: float | None = None
     ref_value: float | None = None
     bound: float | None = None
+    used: float | None = None  # error over bound at the worst element (1 = at the limit); None: exact
+
+
+def _share(error: torch.Tensor | float, bound: torch.Tensor | float) -> float:
+    """The largest ``error / bound``: 0 where both are 0, inf where only the bound is."""
+    error, bound = torch.as_tensor(error, dtype=torch.float64), torch.as_tensor(bound, dtype=torch.float64)
+    share = torch.where(bound > 0, error / bound.clamp_min(torch.finfo(torch.float64).tiny), error * math.inf)
+    return float(torch.nan_to_num(share, nan=0.0).max()) if share.numel() else 0.0
 
 
 @dataclass
@@ -66,6 +75,11 @@ class CheckResult:
     @property
     def max_abs(self) -> float:
         return max((o.max_abs for o in self.outputs), default=0.0)
+
+    @property
+    def used(self) -> float | None:
+        """The largest share of its tolerance any output used (None: every output exact-rule)."""
+        return max((o.used for o in self.outputs if o.used is not None), default=None)
 
     def describe(self) -> str:
         """A failure message a person can act on: what, where, how far off, how to reproduce."""
@@ -278,6 +292,7 @@ def judge(
 
     if tol.rule == "allclose":
         bound = tol.atol + tol.rtol * r.abs()
+        report.used = _share(diff, bound)
         over = diff > bound
         if over.any():
             excess = diff - bound
@@ -319,6 +334,7 @@ def judge(
     # Where plain torch in this dtype breaks down (fp16 squares overflowing), its error says
     # nothing about what is acceptable: the bound never exceeds 1/32 of the output's magnitude.
     report.bound = min(tol.max_error_ratio * err_lowp, magnitude * RATIO_CAP) + floor + tol.atol
+    report.used = _share(err_impl, report.bound)
     if not err_impl <= report.bound:
         report.passed = False
         report.reason = (

@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(_coverage_lines(outcome.coverage)) or "    (none)")
     if outcome.worst is not None:
         w = outcome.worst
-        print(f"  worst passing error: max abs {w.max_abs:.3g} on {w.case.params_json()}")
+        used = "" if w.used is None else f"{w.used:.0%} of its tolerance, "
+        print(f"  closest to failing: {used}max abs {w.max_abs:.3g} on {w.case.params_json()}")
         for o in w.outputs:
             if o.reason:
                 print(f"    {o.name}: {o.reason}")
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             "cases": outcome.cases,
             "coverage": dict(outcome.coverage),
             "worst_max_abs": outcome.worst.max_abs if outcome.worst else None,
+            "worst_tolerance_used": outcome.worst.used if outcome.worst else None,
             "failure": None
             if outcome.failure is None
             else {

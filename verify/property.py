@@ -26,8 +26,14 @@ class Outcome:
     cases: int = 0
     examples: int = 0
     coverage: collections.Counter = field(default_factory=collections.Counter)
-    worst: CheckResult | None = None  # the passing case with the largest abs error
+    worst: CheckResult | None = None  # the passing case closest to its tolerance
     failure: CheckResult | None = None  # after shrinking: the smallest failing case
+
+
+def _closeness(result: CheckResult) -> tuple[float, float]:
+    """How near a passing case came to failing: its share of the tolerance, then its abs error
+    (exact-rule ops have no share: every passing case is exact)."""
+    return (result.used or 0.0, result.max_abs)
 
 
 def runnable_examples(spec: registry.OpSpec) -> list[dict]:
@@ -51,7 +57,7 @@ def run(
 
     def judge(case: Case) -> CheckResult:
         result = check(spec, case, impl, impl_label)
-        if result.passed and (outcome.worst is None or result.max_abs > outcome.worst.max_abs):
+        if result.passed and (outcome.worst is None or _closeness(result) > _closeness(outcome.worst)):
             outcome.worst = result
         return result
 
