@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from model import config as model_config
 from model import reference, triton_model
 from model import weights as model_weights
 from model.config import ModelConfig
@@ -60,6 +61,59 @@ def test_runner_decode_equals_eager_decode_bitwise(family: str) -> None:
     assert torch.equal(eager, graphed)
     runner.step(graphed[0, -2:-1], 10)
     assert torch.equal(runner.logits, eager_logits)
+
+
+def _embedded_reference(batch: int):
+    """The embedded checkpoint's reference model: trained, so its greedy tokens follow the
+    context and the positions (a random model repeats one token whatever it is fed)."""
+    from model import embedded
+
+    directory = embedded.ensure()
+    weights = model_weights.load(directory, model_config.load(directory), DEVICE)
+    return reference.build(weights, batch, 32)
+
+
+def test_generate_feeds_each_token_at_the_next_position() -> None:
+    """generate against a loop written out here: prefill, then token i fed at position L + i."""
+    ref = _embedded_reference(1)
+    ids = torch.randint(0, ref.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    ids = ids.to(DEVICE)
+    tokens = generate(ref, ids, 6)
+    fresh = _embedded_reference(1)
+    expected = [fresh.impls["argmax"](prefill(fresh, ids))]
+    for i in range(5):
+        start = torch.full((1,), 5 + i, dtype=torch.int32, device=DEVICE)
+        expected.append(fresh.impls["argmax"](fresh.forward(expected[-1][:, None], start)))
+    assert torch.equal(tokens, torch.stack(expected, dim=1))
+    assert all(torch.equal(a, b) for a, b in zip(ref.k_cache, fresh.k_cache, strict=True))
+
+
+def _with_eos(row: torch.Tensor, eos: int) -> torch.Tensor:
+    """A row as generate returns it: everything after the first EOS is EOS."""
+    row = row.clone()
+    hits = (row == eos).nonzero()
+    if len(hits):
+        row[int(hits[0]) + 1 :] = eos
+    return row
+
+
+def test_generate_pads_finished_rows_with_eos_and_stops_when_all_are_done() -> None:
+    ref = _embedded_reference(2)
+    ids = torch.randint(0, ref.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(5))
+    ids = ids.to(DEVICE)
+    free = generate(ref, ids, 8)
+    eos = int(free[0, 1])  # row 0 finishes at step 1 (or 0) and goes on differently without EOS
+    assert int(free[0, 2]) != eos
+    got = generate(_embedded_reference(2), ids, 8, eos_token_ids=[eos])
+    expected = torch.stack([_with_eos(free[0], eos), _with_eos(free[1], eos)])
+    done = [int((r == eos).nonzero()[0]) for r in expected if (r == eos).any()]
+    steps = max(done) + 1 if len(done) == 2 else 8
+    assert torch.equal(got, expected[:, :steps])
+    # both rows alike: both finish at row 0's first EOS, and generate stops there
+    twins = ids[:1].expand(2, -1).contiguous()
+    got = generate(_embedded_reference(2), twins, 8, eos_token_ids=[eos])
+    first = int((free[0] == eos).nonzero()[0])
+    assert torch.equal(got, free[:1, : first + 1].expand(2, -1))
 
 
 @pytest.mark.parametrize(("new_tokens", "position"), [(1, 24), (1, 100), (1, -3), (4, 21)])
@@ -174,6 +228,7 @@ def test_graph_replay_equals_uncaptured_decode_at_many_lengths() -> None:
     ids = torch.randint(0, 120, (1, 3), generator=torch.Generator().manual_seed(4)).to(DEVICE)
     prefill(tri, ids)
     runner = DecodeRunner(tri, 1)
+    assert runner.graph is not None  # on CUDA the step is captured, not run eagerly
     token = ids[:, -1]
     for position in range(3, 190, 7):
         runner.step(token, position)

@@ -289,6 +289,19 @@ def test_absent_fields_take_transformers_defaults() -> None:
         parse("qwen3", "num_key_value_heads")
 
 
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_absent_eps_and_rope_theta_take_transformers_defaults(family: str) -> None:
+    import transformers
+
+    cfg = model_config.to_hf_dict(TINY[family])
+    for key in ("rms_norm_eps", "rope_theta", "rope_parameters"):
+        cfg.pop(key, None)
+    ours = model_config.from_hf_dict(dict(cfg))
+    hf = transformers.AutoConfig.for_model(**cfg)
+    assert ours.rms_norm_eps == hf.rms_norm_eps
+    assert ours.rope_theta == hf.rope_parameters["rope_theta"]
+
+
 def test_missing_config_and_bad_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no config\.json"):
         model_config.load(tmp_path)

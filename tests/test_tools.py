@@ -41,7 +41,9 @@ def bisect(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dic
 def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
     run, report = bisect(tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert report["first"] is None and len(report["steps"]) == 3
+    assert report["first"] is None
+    # decode steps sit after the 8-token prompt, one position each
+    assert report["steps"] == ["prefill", "decode step 1 (position 8)", "decode step 2 (position 9)"]
 
 
 @pytest.mark.parametrize(
@@ -77,12 +79,40 @@ def test_bisect_names_the_injected_layer_and_op(tmp_path: Path, inject: str, lay
     assert rerun.returncode == 1 and "DIVERGES" in rerun.stdout, rerun.stdout + rerun.stderr
 
 
+def test_bisect_reports_the_first_layer_and_the_first_op_and_drills_into_every_op(tmp_path: Path) -> None:
+    """The same bug in layers 1 and 2 (in both norms of each): the first layer, its first
+    diverging op, and a drill-down row for every op the layer calls (the embedded model is
+    Qwen3-style and an injected part runs the decoder unfused)."""
+    inject = "add_rms_norm=tests/buggy_ops.py:add_rms_norm_wrong_eps@1,2"
+    run, report = bisect(tmp_path, "--inject", inject, "--decode-steps", "0")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert report["first"]["layer"] == "1"
+    assert (report["culprit"]["op"], report["culprit"]["point"]) == ("add_rms_norm", "attn_norm")
+    unfused_qwen3_layer = [
+        "add_rms_norm", "linear", "rms_norm", "rms_norm", "apply_rope", "apply_rope", "kv_cache_store",
+        "attention", "linear", "add_rms_norm", "linear", "silu_mul", "linear",
+    ]  # fmt: skip
+    assert [r["op"] for r in report["drill"]] == unfused_qwen3_layer
+
+
 def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
     report = tmp_path / "e2e.json"
     run = cli("verify.e2e", "--new-tokens", "4", "--json", str(report))
     assert run.returncode == 0, run.stdout + run.stderr
     data = json.loads(report.read_text())
     assert data["verdicts"] == {"triton": "parity", "hf": "parity"}
+    assert data["calibration"]["bf16_logits_noise"] > 0  # the near-tie tolerance is measured, not 0
+
+
+def test_e2e_exits_1_when_hf_disagrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF is an independent oracle: its divergence fails the run as the Triton model's would."""
+    from verify import e2e
+
+    real_step = e2e.HFModel.step
+    monkeypatch.setattr(e2e.HFModel, "step", lambda self, ids: -real_step(self, ids))
+    report = tmp_path / "e2e.json"
+    assert e2e.main(["--new-tokens", "2", "--json", str(report)]) == 1
+    assert json.loads(report.read_text())["verdicts"] == {"triton": "parity", "hf": "DIVERGES"}
 
 
 def test_e2e_exits_1_on_an_injected_bug() -> None:
