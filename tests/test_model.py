@@ -228,10 +228,10 @@ def test_graph_replay_equals_uncaptured_decode_at_many_lengths() -> None:
     ids = torch.randint(0, 120, (1, 3), generator=torch.Generator().manual_seed(4)).to(DEVICE)
     prefill(tri, ids)
     runner = DecodeRunner(tri, 1)
-    assert runner.graph is not None  # on CUDA the step is captured, not run eagerly
     token = ids[:, -1]
     for position in range(3, 190, 7):
         runner.step(token, position)
+        assert runner.graph is not None  # on CUDA the first step captures it: replays, not eager runs
         graphed = runner.logits.clone()
         eager = tri.forward(token[:, None], torch.full((1,), position, dtype=torch.int32, device=DEVICE))
         assert torch.equal(graphed, eager), f"position {position}"
