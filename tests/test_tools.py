@@ -95,6 +95,32 @@ def test_bisect_reports_the_first_layer_and_the_first_op_and_drills_into_every_o
     assert [r["op"] for r in report["drill"]] == unfused_qwen3_layer
 
 
+@pytest.mark.parametrize(("op", "row"), [("linear", "head"), ("embedding", "embed")])
+def test_bisect_names_a_diverging_model_level_op(
+    op: str, row: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedding and the lm_head run outside the layers, where --inject cannot reach: their
+    own rows of the report must catch them (the Triton decoders are built with the op off)."""
+    from model import triton_model
+    from model.decoder import MODEL_LAYER
+    from verify import bisect as bisect_cli
+
+    real_build = triton_model.build
+
+    def build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        model.overrides[(op, MODEL_LAYER)] = lambda *a: model.impls[op](*a) * 1.5
+        return model
+
+    monkeypatch.setattr(triton_model, "build", build)
+    report = tmp_path / "bisect.json"
+    argv = ["--prompt-len", "4", "--decode-steps", "0", "--json", str(report), "--repro-dir", str(tmp_path)]
+    assert bisect_cli.main(argv) == 1
+    data = json.loads(report.read_text())
+    assert data["first"]["layer"] == row
+    assert data["culprit"]["op"] == op
+
+
 def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
     report = tmp_path / "e2e.json"
     run = cli("verify.e2e", "--new-tokens", "4", "--json", str(report))
