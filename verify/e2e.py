@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  injected: {inj.op} = {inj.impl_spec} in layers {'all' if inj.layers is None else inj.layers}"
         )
     print(_header(names))
+    run_json = {"model": str(models.directory), "backend": backend.name(), "prompt": prompt[0].tolist()}
     started = time.monotonic()
     try:
         with torch.no_grad():
@@ -342,16 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     except model_loading.InjectedOpError as exc:
         print(f"triton: DIVERGES: {exc}")
-        cli.write_json(
-            args.json,
-            {
-                "model": str(models.directory),
-                "backend": backend.name(),
-                "prompt": prompt[0].tolist(),
-                "verdicts": {"triton": "DIVERGES"},
-                "raised": str(exc),
-            },
-        )
+        cli.write_json(args.json, {**run_json, "verdicts": {"triton": "DIVERGES"}, "raised": str(exc)})
         return 1
     except (NonFiniteReference, HFLoadError) as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
@@ -383,14 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         print("text:", tokenizer.decode([s.ref_token for s in steps]))
     cli.write_json(
         args.json,
-        {
-            "model": str(models.directory),
-            "backend": backend.name(),
-            "prompt": prompt[0].tolist(),
-            "calibration": calibration,
-            "verdicts": verdicts,
-            "steps": [asdict(s) for s in steps],
-        },
+        {**run_json, "calibration": calibration, "verdicts": verdicts, "steps": [asdict(s) for s in steps]},
     )
     return 1 if "DIVERGES" in verdicts.values() else 0
 
