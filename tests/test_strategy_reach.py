@@ -74,3 +74,31 @@ def test_strategy_reaches_the_named_edges(op: str) -> None:
     draw()
     missing = [label for label in REQUIRED[op] if label not in seen]
     assert not missing, f"{op}: 300 draws never reached {missing}"
+
+
+GEMM_OPS = ("linear", "linear_splitk", "add_rms_norm_linear", "add_rms_norm_linear_silu_mul")
+
+
+@pytest.mark.parametrize("op", GEMM_OPS)
+def test_gpu_draws_reach_the_model_widths(op: str) -> None:
+    """On the GPU's caps the GEMM strategies draw the model's own widths, not only the awkward
+    small ones: N = 4864 (intermediate, not a multiple of common BLOCK_N), K = 4864 (down_proj's
+    K) and a hidden size, at M = 1. Only parameters are drawn here (no tensors), so this runs
+    on CPU too."""
+    seen: dict[str, set[int]] = {"m": set(), "n": set(), "k": set()}
+
+    @settings(
+        max_examples=300, database=None, derandomize=True, deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
+    @given(registry.get(op).params(limits.CUDA))
+    def draw(params: dict) -> None:
+        for axis, values in seen.items():
+            values.add(params[axis])
+
+    draw()
+    wanted = (("m", 1), ("n", 4864), ("k", 4864))
+    missing = [f"{axis} = {value}" for axis, value in wanted if value not in seen[axis]]
+    if not seen["k"] & {896, 1024}:
+        missing.append("k = a hidden size (896 or 1024)")
+    assert not missing, f"{op}: 300 draws at the GPU's caps never reached {missing}"

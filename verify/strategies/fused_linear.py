@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, Case, choice, dtype_of, generator, size, values
+from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
 from verify.strategies.common import BOOLS, Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
@@ -30,8 +30,8 @@ def _rows(m: int, k: int, layout: str, dtype: torch.dtype, dist: str, gen, devic
 def _shape_fields(limits: Limits) -> dict:
     return {
         "m": m_sizes(limits),
-        "n": size(limits.gemm, AWKWARD),
-        "k": size(limits.gemm, AWKWARD),
+        "n": size(limits.gemm, AWKWARD + MODEL_DIMS),
+        "k": size(limits.gemm, AWKWARD + MODEL_DIMS),
         "w_layout": st.sampled_from(W_LAYOUTS),
         **common(),
     }
