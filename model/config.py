@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.attention import HEAD_DIMS
-
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
@@ -177,6 +175,8 @@ def _rope(cfg: dict) -> tuple[float, float]:
 def _head_dim(cfg: dict, family: str, hidden: int, heads: int) -> int:
     """``head_dim`` with transformers' default (Qwen3: 128, the others: hidden / heads), refused
     here when the attention kernels do not take it rather than mid-run."""
+    from ops.attention import HEAD_DIMS  # here, not at the top: importing ops selects the backend
+
     derived = family != "qwen3" and cfg.get("head_dim") is None
     head_dim = _field(cfg, "head_dim", "count", 128 if family == "qwen3" else hidden // heads)
     if head_dim not in HEAD_DIMS:

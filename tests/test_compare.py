@@ -89,7 +89,11 @@ def test_write_to_an_input_is_caught() -> None:
         return y
 
     result = check(spec, case, clobbers_input)
-    assert not result.passed and any("wrote to this input" in o.reason for o in result.outputs)
+    assert not result.passed
+    (report,) = [o for o in result.outputs if "wrote to this input" in o.reason]
+    x = case.args[0]  # the report describes the input written to
+    expected = ("x", tuple(x.shape), x.stride(), "untouched")
+    assert (report.name, report.shape, report.strides, report.rule) == expected
 
 
 def test_write_outside_a_view_is_caught() -> None:

@@ -206,7 +206,7 @@ def test_e2e_exits_1_on_an_injected_bug() -> None:
         ("verify.bench", ("model", "--skip", "hf,vllm"), "--skip: unknown row 'vllm'"),
         ("verify.bench", ("model", "--prompt-len", "0"), "--prompt-len: expected at least 1"),
         ("verify.bench", (), "usage: python -m verify.bench {gemm,attention,model}"),
-        ("verify.bench", ("roofline",), "usage: python -m verify.bench {gemm,attention,model}"),
+        ("verify.bench", ("roofline",), "unknown suite 'roofline'; expected one of gemm, attention, model"),
         ("verify.e2e", ("--new-tokens", "0"), "--new-tokens: expected at least 1"),
         ("verify.bisect", ("--prompt-len", "x"), "--prompt-len: expected a whole number, got 'x'"),
         ("verify.bisect", ("--decode-steps", "-1"), "--decode-steps -1: expected at least 0"),
@@ -224,6 +224,27 @@ def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> 
     run = cli(module, *args)
     assert run.returncode == 2, run.stdout + run.stderr
     assert message in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [("verify.op", ("rms_norm",)), ("verify.op", ("--list",)), ("verify.e2e", ()), ("verify.bisect", ()),
+     ("verify.bench", ("gemm",))],
+)  # fmt: skip
+def test_a_bad_backend_setting_is_bad_usage(module: str, args: tuple[str, ...], monkeypatch) -> None:
+    """Exit 2 with the setting named, not a traceback and exit 1 (which means a divergence)."""
+    monkeypatch.setenv("TRITONCHECK_BACKEND", "gpu")
+    run = cli(module, *args)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "TRITONCHECK_BACKEND='gpu': expected one of auto, cuda, interpreter" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_an_unknown_hypothesis_profile_is_bad_usage(monkeypatch) -> None:
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "fast")
+    run = cli("verify.op", "rms_norm")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "HYPOTHESIS_PROFILE='fast': expected one of ci, gpu, thorough" in run.stderr
 
 
 def test_bench_help_lists_the_suites() -> None:

@@ -392,6 +392,11 @@ def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: d
 
 
 def main(argv: list[str] | None = None) -> int:
+    from verify.cli import environment_problem
+
+    if (problem := environment_problem()) is not None:  # first: the parser's model options import ops
+        print(f"verify.bisect: {problem}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     from model import reference, triton_model
     from ops import backend

@@ -15,6 +15,17 @@ class UsageError(Exception):
     """Bad command-line input: the CLIs print it and exit 2."""
 
 
+def environment_problem() -> str | None:
+    """What is wrong with ``TRITONCHECK_BACKEND``, or None. Importing ``ops`` selects the backend
+    from it, so each CLI imports it first, to report a bad setting as bad usage (exit 2), not as a
+    traceback with exit 1, the code for a divergence."""
+    try:
+        import ops  # noqa: F401
+    except (ValueError, RuntimeError) as exc:  # an unknown choice; cuda without a device
+        return str(exc)
+    return None
+
+
 def positive_int(text: str) -> int:
     """An argparse ``type`` for counts: a whole number >= 1 (argparse names the option)."""
     try:

@@ -476,7 +476,15 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     for n, a in zip(names, args, strict=False):
         if n in untouched and not torch.equal(_buffer_bytes(a), untouched[n]):
             result.outputs.append(
-                OutputReport(n, False, "the op wrote to this input (or the buffer around it)")
+                OutputReport(
+                    n,
+                    False,
+                    "the op wrote to this input (or the buffer around it), which it must not",
+                    shape=tuple(a.shape),
+                    dtype=dtype_key(a.dtype),
+                    strides=a.stride(),
+                    rule="untouched",
+                )
             )
 
     try:

@@ -294,6 +294,11 @@ def _header(names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from verify.cli import environment_problem
+
+    if (problem := environment_problem()) is not None:  # first: the parser's model options import ops
+        print(f"verify.e2e: {problem}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     from model.reference import NonFiniteReference
     from ops import backend

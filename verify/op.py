@@ -61,6 +61,11 @@ def _coverage_lines(coverage) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from verify.cli import environment_problem
+
+    if (problem := environment_problem()) is not None:
+        print(f"verify.op: {problem}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     from hypothesis import settings
 
@@ -69,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     from verify import cli, impl_loader, profiles, property
     from verify.compare import check
 
-    profile = profiles.load(backend.name())
+    try:
+        profile = profiles.load(backend.name())
+    except ValueError as exc:
+        print(f"verify.op: {exc}", file=sys.stderr)
+        return 2
     if args.list:
         return _list_ops()
     if not args.name:

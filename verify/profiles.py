@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 DATABASE = Path(__file__).resolve().parent.parent / ".cache" / "hypothesis"
+NAMES = ("ci", "gpu", "thorough")
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 # Hypothesis's explain phase reruns a shrunk failure under a tracer to list the lines only
 # failing runs reach: minutes on interpreted kernels, for lines our report already names.
@@ -32,5 +33,7 @@ def load(backend_name: str) -> str:
     """Load ``HYPOTHESIS_PROFILE`` if set, else ``gpu`` on CUDA and ``ci`` on the interpreter."""
     register()
     name = os.environ.get("HYPOTHESIS_PROFILE") or ("gpu" if backend_name == "cuda" else "ci")
+    if name not in NAMES:
+        raise ValueError(f"HYPOTHESIS_PROFILE={name!r}: expected one of {', '.join(NAMES)}")
     settings.load_profile(name)
     return name

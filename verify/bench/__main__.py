@@ -23,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not argv or argv[0] not in SUITES:
         print(USAGE, file=sys.stderr)
+        what = "a suite is required" if not argv else f"unknown suite {argv[0]!r}"
+        print(f"python -m verify.bench: error: {what}; expected one of {', '.join(SUITES)}", file=sys.stderr)
+        return 2
+    from verify.cli import environment_problem
+
+    if (problem := environment_problem()) is not None:
+        print(f"python -m verify.bench: {problem}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"verify.bench.{argv[0]}")
     return module.main(argv[1:])
