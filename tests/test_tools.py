@@ -127,7 +127,10 @@ def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     data = json.loads(report.read_text())
     assert data["verdicts"] == {"triton": "parity", "hf": "parity"}
-    assert data["calibration"]["bf16_logits_noise"] > 0  # the near-tie tolerance is measured, not 0
+    calibration = data["calibration"]
+    assert calibration["bf16_logits_noise"] > 0  # the tolerances are measured, not 0
+    assert calibration["drift_tolerance"] == calibration["drift_factor"] * calibration["bf16_logits_noise"]
+    assert data["injected"] == []
 
 
 def test_e2e_exits_1_when_hf_disagrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,18 +144,21 @@ def test_e2e_exits_1_when_hf_disagrees(tmp_path: Path, monkeypatch: pytest.Monke
     assert json.loads(report.read_text())["verdicts"] == {"triton": "parity", "hf": "DIVERGES"}
 
 
-def test_e2e_exits_1_on_an_injected_bug() -> None:
+def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -> None:
+    """The GQA bug flips no token in its first steps, but its logits drift far past the noise;
+    the report records the injection."""
+    report = tmp_path / "e2e.json"
+    bug = "tests/buggy_ops.py:attention_gqa_tiled"
     run = cli(
-        "verify.e2e",
-        "--new-tokens",
-        "4",
-        "--against",
-        "reference",
-        "--inject",
-        "attention=tests/buggy_ops.py:attention_gqa_tiled@all",
-    )
+        "verify.e2e", "--new-tokens", "2", "--against", "reference", "--inject", f"attention={bug}@all",
+        "--json", str(report),
+    )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "DIVERGES at step" in run.stdout
+    assert "triton: DRIFTS from step 0" in run.stdout
+    data = json.loads(report.read_text())
+    assert data["verdicts"] == {"triton": "DRIFTS"}
+    assert data["injected"] == [{"op": "attention", "impl": bug, "layers": "all"}]
+    assert [s["against"]["triton"]["token"] for s in data["steps"]] == [s["ref_token"] for s in data["steps"]]
 
 
 @pytest.mark.parametrize(
@@ -350,7 +356,7 @@ def test_e2e_exits_2_when_transformers_cannot_load_the_oracle(tmp_path: Path, mo
     assert f"--against hf: transformers cannot load {model} (ImportError: this checkpoint needs" in err
 
 
-def test_e2e_verdicts_ok_near_tie_diverges_and_non_finite() -> None:
+def test_e2e_verdicts_ok_near_tie_drifts_diverges_and_non_finite() -> None:
     import torch
 
     from verify.e2e import compare
@@ -359,6 +365,13 @@ def test_e2e_verdicts_ok_near_tie_diverges_and_non_finite() -> None:
     assert compare(ref.clone(), ref, 1, 0.1).verdict == "ok"
     assert compare(torch.tensor([0.0, 4.9, 5.0, 1.0]), ref, 1, 0.1).verdict == "near-tie"
     assert compare(torch.tensor([0.0, 1.0, 1.0, 5.0]), ref, 1, 0.1).verdict == "DIVERGES"
+    # the same token (or a near-tie) with a logit off by more than the drift tolerance: a drift
+    drifted = torch.tensor([0.0, 5.0, 4.95, 1.8])
+    assert compare(drifted, ref, 1, 0.1, drift_tolerance=1.0).verdict == "ok"
+    assert compare(drifted, ref, 1, 0.1, drift_tolerance=0.5).verdict == "DRIFTS"
+    assert compare(torch.tensor([0.0, 4.9, 5.0, 1.8]), ref, 1, 0.1, drift_tolerance=0.5).verdict == "DRIFTS"
+    # a flip past the near-tie tolerance is a divergence, drifted or not
+    assert compare(torch.tensor([0.0, 1.0, 1.0, 5.0]), ref, 1, 0.1, drift_tolerance=0.5).verdict == "DIVERGES"
     # NaN logits whose argmax happens to land on the reference's token are still a divergence
     nan = torch.tensor([0.0, float("nan"), 0.0, 0.0])
     assert int(torch.argmax(nan)) == 1 and compare(nan, ref, 1, 0.1).verdict == "DIVERGES"

@@ -85,6 +85,9 @@ class Report:
     drill-down and the culprit op (if one op diverges on its own)."""
 
     model: str
+    backend: str
+    injected: list[dict]
+    verdict: str = "VERIFIED"  # or "DIVERGES"
     steps: list[str] = field(default_factory=list)
     layers: list[LayerResult] = field(default_factory=list)
     first: LayerResult | None = None
@@ -436,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     save_dir = Path(args.repro_dir or tempfile.mkdtemp(prefix="bisect-"))
     save_dir.mkdir(parents=True, exist_ok=True)
-    report = Report(str(models.directory))
+    report = Report(str(models.directory), backend.name(), [i.as_json() for i in injections])
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
         f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {args.prompt_len} tokens "
@@ -452,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             _walk(args, models, free, lowp, factor, save_dir, impl_specs, report, device)
     except model_loading.InjectedOpError as exc:
         print(f"\nDIVERGES: {exc}")
-        report.raised = str(exc)
+        report.raised, report.verdict = str(exc), "DIVERGES"
         cli.write_json(args.json, asdict(report))
         return 1
     except reference.NonFiniteReference as exc:
@@ -465,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     if report.first is None:
         print(f"VERIFIED: every layer within its threshold at prefill and {args.decode_steps} decode steps")
     else:
+        report.verdict = "DIVERGES"
         f = report.first
         print(
             f"DIVERGES: first at {report.steps[-1]}, layer {f.layer}: teacher-forced rel L2 "

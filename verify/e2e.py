@@ -3,14 +3,17 @@ the same static-buffer runner on CPU) against the reference model and HF transfo
 
 Every model is fed the reference's token at every step (teacher forcing), so one difference
 does not cascade. A differing token that the reference scores within the calibrated logits
-noise of its best is a near-tie (reported, not a failure); any other is a divergence.
-Exit 0: parity; 1: a divergence; 2: bad usage or input.
+noise of its best is a near-tie (reported, not a failure); any other is a divergence. Logits
+that drift far past that noise fail too, even while the tokens still agree (a broken kernel
+may take many steps to flip a token).
+Exit 0: parity; 1: a divergence or a drift; 2: bad usage or input.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import sys
 import time
@@ -38,7 +41,7 @@ class Comparison:
     token: int
     max_abs_diff: float
     top_k_overlap: int
-    verdict: str  # "ok", "near-tie" or "DIVERGES"
+    verdict: str  # "ok", "near-tie", "DRIFTS" or "DIVERGES"
 
 
 @dataclass
@@ -65,23 +68,27 @@ def margin(logits: torch.Tensor) -> float:
 
 
 def compare(
-    logits: torch.Tensor, ref_logits: torch.Tensor, ref_token: int, tie_tolerance: float
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    ref_token: int,
+    tie_tolerance: float,
+    drift_tolerance: float = math.inf,
 ) -> Comparison:
     """Same token: ok. Another token the reference scores within ``tie_tolerance`` of its best: a
-    near-tie (the noise can flip it). Anything else, or a NaN or inf logit: a divergence."""
+    near-tie (the noise can flip it). Another token, or a NaN or inf logit: a divergence. Either of
+    the first two with a logit off by more than ``drift_tolerance``: a drift."""
     ref = ref_logits.float()
     token = int(torch.argmax(logits))
     k = min(TOP_K, ref.numel())
     overlap = len(set(logits.float().topk(k).indices.tolist()) & set(ref.topk(k).indices.tolist()))
     diff = float((logits.float() - ref).abs().max())
-    if not bool(torch.isfinite(logits).all()):
+    flipped = token != ref_token and float(ref[ref_token] - ref[token]) > tie_tolerance
+    if flipped or not bool(torch.isfinite(logits).all()):
         verdict = "DIVERGES"
-    elif token == ref_token:
-        verdict = "ok"
-    elif float(ref[ref_token] - ref[token]) <= tie_tolerance:
-        verdict = "near-tie"
+    elif diff > drift_tolerance:
+        verdict = "DRIFTS"
     else:
-        verdict = "DIVERGES"
+        verdict = "ok" if token == ref_token else "near-tie"
     return Comparison(token, diff, overlap, verdict)
 
 
@@ -121,20 +128,16 @@ class HFModel:
         return logits[:, -1]
 
 
-def calibrate_tie_tolerance(models: Models, prompt: torch.Tensor, factor: float) -> tuple[float, float]:
-    """The logits noise of plain bf16 torch: the reference computed in bf16 vs in fp32, at prefill.
-
-    Returns (noise, factor * noise): the second is how close two logits must be for a flip
-    between them to count as a near-tie.
-    """
+def logits_noise(models: Models, prompt: torch.Tensor) -> float:
+    """The logits noise of plain torch in the model's dtype: max |the reference computed in that
+    dtype - in fp32| at prefill. The near-tie and drift tolerances are multiples of it."""
     from model.generate import prefill
     from references.precision import computing_in
 
     with computing_in(models.weights.dtype):
         lowp = prefill(models.reference, prompt)
     exact = prefill(models.reference, prompt)  # rewrites the cache rows the bf16 run wrote
-    noise = float((lowp.float() - exact.float()).abs().max())
-    return noise, factor * noise
+    return float((lowp.float() - exact.float()).abs().max())
 
 
 def run(
@@ -143,17 +146,21 @@ def run(
     new_tokens: int,
     against: list[str],
     tie_factor: float,
+    drift_factor: float,
     progress: Callable[[Step], object] = print,
 ) -> tuple[list[Step], dict]:
     """Greedy decoding of ``new_tokens`` after ``prompt``, teacher-forced on the reference's
     tokens (a flip at one step must not derail every later one), the Triton model decoding
-    through its CUDA Graph runner; returns the steps and the near-tie calibration."""
+    through its CUDA Graph runner; returns the steps and the calibration. Where the model's dtype
+    is fp32 the noise is 0: near-ties are exact ties and there is no drift check."""
     from model.generate import prefill
     from model.graph import DecodeRunner
     from model.reference import check_finite
 
     hf = HFModel(models.directory, prompt.device) if "hf" in against else None  # first: it may fail
-    noise, tie_tol = calibrate_tie_tolerance(models, prompt, tie_factor)
+    noise = logits_noise(models, prompt)
+    tie_tol = tie_factor * noise
+    drift_tol = drift_factor * noise if noise > 0 else math.inf
     length = prompt.shape[1]
     runner = DecodeRunner(models.triton, batch=1)
     ref_logits = prefill(models.reference, prompt)
@@ -167,7 +174,7 @@ def run(
         ref_token = int(torch.argmax(ref_row))
         record = Step(step, length + step, ref_token, margin(ref_row))
         for name, value in logits.items():
-            record.against[name] = compare(value[0], ref_row, ref_token, tie_tol)
+            record.against[name] = compare(value[0], ref_row, ref_token, tie_tol, drift_tol)
         steps.append(record)
         progress(record)
         if step + 1 == new_tokens:
@@ -183,7 +190,9 @@ def run(
     calibration = {
         "bf16_logits_noise": noise,
         "near_tie_tolerance": tie_tol,
-        "factor": tie_factor,
+        "near_tie_factor": tie_factor,
+        "drift_tolerance": drift_tol if noise > 0 else None,
+        "drift_factor": drift_factor,
         "decode": "cuda graph" if runner.graph is not None else "static buffers, uncaptured",
     }
     return steps, calibration
@@ -293,6 +302,32 @@ def _header(names: list[str]) -> str:
     return "  ".join(cells)
 
 
+def _verdict(name: str, steps: list[Step], drift_tolerance: float | None) -> str:
+    """Print and return one model's verdict over the run: its first divergence, else its first
+    drift, else parity (with the near-ties named)."""
+    at = {v: [s for s in steps if s.against[name].verdict == v] for v in ("DIVERGES", "DRIFTS", "near-tie")}
+    ties = [s.step for s in at["near-tie"]]
+    tie_text = f", near-ties at steps {ties}" if ties else ""
+    if at["DIVERGES"]:
+        s = at["DIVERGES"][0]
+        c = s.against[name]
+        print(
+            f"{name}: DIVERGES at step {s.step} (position {s.position}): reference token {s.ref_token} "
+            f"(margin {s.ref_margin:.3f}), {name} token {c.token}; max logits diff {c.max_abs_diff:.4f}"
+        )
+        return "DIVERGES"
+    if at["DRIFTS"]:
+        s = at["DRIFTS"][0]
+        print(
+            f"{name}: DRIFTS from step {s.step} (position {s.position}): logits off by up to "
+            f"{s.against[name].max_abs_diff:.4f}, past the drift tolerance {drift_tolerance:.4f}, though the "
+            f"tokens agree over {len(steps)} steps{tie_text}; `python -m verify.bisect --layer` finds where"
+        )
+        return "DRIFTS"
+    print(f"{name}: token parity with the reference over {len(steps)} steps{tie_text}")
+    return "near-ties" if ties else "parity"
+
+
 def main(argv: list[str] | None = None) -> int:
     from verify.cli import environment_problem
 
@@ -334,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
             f"  injected: {inj.op} = {inj.impl_spec} in layers {'all' if inj.layers is None else inj.layers}"
         )
     print(_header(names))
-    run_json = {"model": str(models.directory), "backend": backend.name(), "prompt": prompt[0].tolist()}
+    run_json = {
+        "model": str(models.directory),
+        "backend": backend.name(),
+        "prompt": prompt[0].tolist(),
+        "injected": [i.as_json() for i in injections],
+    }
     started = time.monotonic()
     try:
         with torch.no_grad():
@@ -344,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.new_tokens,
                 against,
                 setting("e2e", "near_tie_factor"),
+                setting("e2e", "drift_factor"),
                 progress=lambda s: print(_row(s, names), flush=True),
             )
     except model_loading.InjectedOpError as exc:
@@ -354,35 +395,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2
     elapsed = time.monotonic() - started
-    print(
-        f"near-tie tolerance {calibration['near_tie_tolerance']:.4f} = {calibration['factor']:g} x bf16 "
-        f"logits noise {calibration['bf16_logits_noise']:.4f}; decode: {calibration['decode']}; "
-        f"{elapsed:.1f}s"
+    drift = calibration["drift_tolerance"]
+    drift_text = (
+        f"drift tolerance {drift:.4f} ({calibration['drift_factor']:g}x)"
+        if drift is not None
+        else "no drift check (the noise is 0)"
     )
-    verdicts = {}
-    for name in names:
-        marks = [s.against[name].verdict for s in steps]
-        ties = [s.step for s in steps if s.against[name].verdict == "near-tie"]
-        diverged = [s for s in steps if s.against[name].verdict == "DIVERGES"]
-        if diverged:
-            s = diverged[0]
-            c = s.against[name]
-            verdicts[name] = "DIVERGES"
-            print(
-                f"{name}: DIVERGES at step {s.step} (position {s.position}): reference token {s.ref_token} "
-                f"(margin {s.ref_margin:.3f}), {name} token {c.token}; max logits diff {c.max_abs_diff:.4f}"
-            )
-        else:
-            verdicts[name] = "near-ties" if ties else "parity"
-            tie_text = f", near-ties at steps {ties}" if ties else ""
-            print(f"{name}: token parity with the reference over {len(marks)} steps{tie_text}")
+    print(
+        f"logits noise {calibration['bf16_logits_noise']:.4f}: near-tie tolerance "
+        f"{calibration['near_tie_tolerance']:.4f} ({calibration['near_tie_factor']:g}x), {drift_text}; "
+        f"decode: {calibration['decode']}; {elapsed:.1f}s"
+    )
+    verdicts = {name: _verdict(name, steps, drift) for name in names}
     if tokenizer is not None:
         print("text:", tokenizer.decode([s.ref_token for s in steps]))
     cli.write_json(
         args.json,
         {**run_json, "calibration": calibration, "verdicts": verdicts, "steps": [asdict(s) for s in steps]},
     )
-    return 1 if "DIVERGES" in verdicts.values() else 0
+    return 0 if set(verdicts.values()) <= {"parity", "near-ties"} else 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,14 @@ class Injection:
     impl_spec: str
     layers: tuple[int, ...] | None  # None: all layers
 
+    def as_json(self) -> dict:
+        """As the JSON reports record it: a report from an injected run says so."""
+        return {
+            "op": self.op,
+            "impl": self.impl_spec,
+            "layers": "all" if self.layers is None else list(self.layers),
+        }
+
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model`` and ``--inject``, as every model-level CLI takes them."""
