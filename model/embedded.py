@@ -197,8 +197,13 @@ def _deterministic(seed: int) -> Iterator[None]:
 
 def _hf():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: everything here is local
-    import transformers
-
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError(
+            "the embedded default model is trained with transformers, which is not installed "
+            "(pip install -e '.[test]'), or pass --model DIR"
+        ) from None
     return transformers
 
 

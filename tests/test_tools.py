@@ -356,6 +356,27 @@ def test_e2e_exits_2_when_transformers_cannot_load_the_oracle(tmp_path: Path, mo
     assert f"--against hf: transformers cannot load {model} (ImportError: this checkpoint needs" in err
 
 
+def test_without_transformers_the_embedded_model_and_the_oracle_are_bad_usage(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """transformers is a test extra: without it the embedded default cannot be trained (exit 2,
+    pointing at --model) and --against hf cannot run (exit 2); a checkpoint runs against the
+    reference alone."""
+    from verify import e2e
+
+    model = str(tiny_checkpoint(tmp_path / "ckpt"))
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ImportError
+    monkeypatch.setenv("TRITONCHECK_CACHE", str(tmp_path / "cache"))  # nothing built yet
+    assert e2e.main(["--new-tokens", "1"]) == 2
+    assert (
+        "embedded default model is trained with transformers, which is not installed"
+        in capsys.readouterr().err
+    )
+    assert e2e.main(["--model", model, "--new-tokens", "1"]) == 2
+    assert "--against hf: transformers cannot load" in capsys.readouterr().err
+    assert e2e.main(["--model", model, "--new-tokens", "1", "--against", "reference"]) == 0
+
+
 def test_e2e_verdicts_ok_near_tie_drifts_diverges_and_non_finite() -> None:
     import torch
 

@@ -108,11 +108,11 @@ class HFModel:
     """HF transformers on the same checkpoint: the independent third implementation."""
 
     def __init__(self, directory: Path, device: torch.device) -> None:
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # its loading bar would break into the step table
         try:
+            from transformers import AutoModelForCausalLM
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # its loading bar would break into the step table
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
         except Exception as exc:  # transformers raises many kinds (OSError, ValueError, ImportError, ...)
             raise HFLoadError(

@@ -132,7 +132,10 @@ def resolve_checkpoint(model: str | None) -> Path:
     if model is None:
         from model import embedded
 
-        return embedded.ensure()
+        try:
+            return embedded.ensure()
+        except ImportError as exc:
+            raise UsageError(f"--model not given: {exc}") from None
     if model in model_config.PRESETS:
         from model import presets
 
