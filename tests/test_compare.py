@@ -127,6 +127,8 @@ def test_a_non_finite_element_where_the_reference_is_finite_is_caught(op: str, b
 
     result = check(spec, case, one_bad)
     assert not result.passed and "NaN/Inf" in result.outputs[0].reason
+    text = result.describe()  # no "max abs diff 0" next to a NaN: the diffs are the finite elements'
+    assert "first at" in text and "among the finite elements: max abs diff" in text and "worst at" not in text
 
 
 def test_an_output_of_a_broadcastable_wrong_shape_is_caught() -> None:

@@ -375,7 +375,7 @@ def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: d
         )
         report.steps.append(label)
         report.layers += results
-        print_step(results, f"{label}: {time.monotonic() - started:.1f}s")
+        print_step(results, f"{label} (done at {time.monotonic() - started:.1f}s)")
         failed = next((r for r in results if not r.passed), None)
         if failed is not None:
             report.first = failed
@@ -443,8 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
         f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {args.prompt_len} tokens "
-        f"+ {args.decode_steps} decode steps; threshold = {factor:g} x plain bf16 torch's rel L2 on the "
-        "same layer input"
+        f"+ {args.decode_steps} decode steps; a layer is judged by its teacher-forced rel L2 against the "
+        f"threshold, {factor:g} x plain bf16 torch's on the same layer input (free-running drift is shown, "
+        "not judged)"
     )
     for inj in injections:
         print(

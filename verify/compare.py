@@ -45,6 +45,7 @@ class OutputReport:
     max_abs: float = 0.0
     mean_abs: float = 0.0
     worst_index: tuple[int, ...] | None = None
+    nonfinite: bool = False  # NaN/Inf where they should not be: the diffs are over finite elements
     impl_value: float | None = None
     ref_value: float | None = None
     bound: float | None = None
@@ -97,10 +98,12 @@ class CheckResult:
                 lines.append(f"    {o.reason}")
             if o.worst_index is not None:
                 bound = f" (bound {o.bound:.3g})" if o.bound is not None else ""
-                lines.append(
-                    f"    max abs diff {o.max_abs:.4g}{bound}, mean abs diff {o.mean_abs:.4g}; worst at "
-                    f"{o.worst_index}: impl {o.impl_value!r} vs reference {o.ref_value!r}"
-                )
+                diffs = f"max abs diff {o.max_abs:.4g}{bound}, mean abs diff {o.mean_abs:.4g}"
+                if o.nonfinite:  # the reason names the first NaN/Inf
+                    lines.append(f"    among the finite elements: {diffs}")
+                else:
+                    worst = f"impl {o.impl_value!r} vs reference {o.ref_value!r}"
+                    lines.append(f"    {diffs}; worst at {o.worst_index}: {worst}")
         if not self.passed:
             lines.append(f"  repro: {self.repro}")
         return "\n".join(lines)
@@ -274,7 +277,7 @@ def judge(
         first = tuple(
             int(i) for i in torch.unravel_index(torch.tensor(int(mask.flatten().int().argmax())), a.shape)
         )
-        report.passed = False
+        report.passed, report.nonfinite = False, True
         report.reason = (
             f"{reason}; first at {first}: impl {a[first].item()!r} vs reference {r[first].item()!r}"
         )
