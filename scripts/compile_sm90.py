@@ -218,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/compile_sm90.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from verify import cli  # imports no op: the backend is chosen in install_recorders
+
+    cli.require_output_file(p, "--json", args.json)  # before minutes of compiling
     results: dict = {}
     run_ops(install_recorders(results))
     rows = sorted(results.values(), key=lambda e: e["kernel"])

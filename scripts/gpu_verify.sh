@@ -6,10 +6,18 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
+STAGES="tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention ab"
+stages=${*:-tests e2e bisect bench}
+case " $* " in *" -h "* | *" --help "*) echo "usage: scripts/gpu_verify.sh [stage ...]; stages: $STAGES"; exit 0 ;; esac
+for stage in $stages; do  # every name checked before any stage runs
+    case " $STAGES " in
+        *" $stage "*) ;;
+        *) echo "usage: scripts/gpu_verify.sh [stage ...]; stages: $STAGES (unknown: $stage)" >&2; exit 2 ;;
+    esac
+done
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)  # absolute: the ab stage runs from ab_base/
-stages=${*:-tests e2e bisect bench}
 
 run() {  # run NAME LIMIT_S CMD...: log to $OUT/NAME.log, one summary line per stage
     local name=$1 limit=$2
@@ -62,6 +70,5 @@ for stage in $stages; do
             for log in "$OUT"/ab-*.log; do
                 echo "$(basename "$log" .log): $(grep '^triton + CUDA graph ' "$log")"
             done | tee -a "$OUT/summary.txt" ;;
-        *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
