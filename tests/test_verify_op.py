@@ -101,6 +101,9 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
         (("rms_norm", "--case", "{not json"), "--case: not JSON"),
         (("rms_norm", "--case", "[1, 2]"), "--case: expected a JSON object of rms_norm fields"),
         (("rms_norm", "--case", "{}"), "--case: no field 'lead'; a rms_norm case has"),
+        (("rms_norm", "--case", '{"n": "7"}'), "--case: field 'n' is '7'; expected int"),
+        (("silu_mul", "--case", '{"fused": 1}'), "--case: field 'fused' is 1; expected bool"),
+        (("rms_norm", "--case", '{"lead": 3}'), "--case: field 'lead' is 3; expected list"),
         (("rms_norm", "--case", '{"lead": [2], "n": 8, "dtype": "int8"}'), "dtype 'int8': expected one of"),
         (("rms_norm", "--case", "{}", "--inputs", "x.pt"), "not allowed with argument --case"),
         (("rms_norm", "--examples", "0"), "--examples: expected at least 1"),
@@ -195,7 +198,6 @@ def test_a_case_that_is_no_valid_call_exits_2() -> None:
         ("attention", "lens", "raggd"),
         ("rms_norm", "weight", "one"),
         ("kv_cache_store", "layout", "k_contiguos"),  # a field with a default: absent from typical
-        ("silu_mul", "fused", 1),  # a flag: 1 is not true
     ],
 )
 def test_a_case_with_an_unknown_choice_exits_2(op: str, field: str, bogus: object) -> None:

@@ -202,15 +202,32 @@ def _refusal(spec, result, checking_registered: bool) -> str | None:
     return None
 
 
-def _known_fields(spec) -> set[str]:
-    """The fields a case of ``spec`` may have: its examples' and what its strategy draws."""
+def _known_fields(spec) -> dict[str, list]:
+    """The fields a case of ``spec`` may have, each with the values seen for it: the smallest
+    case its strategy draws and its examples."""
     from hypothesis import find, settings
 
     from registry import example_params
     from verify import limits
 
-    fields = {k for example in spec.examples for k in example_params(example)}
-    return fields | set(find(spec.params(limits.current()), lambda _: True, settings=settings(database=None)))
+    drawn = find(spec.params(limits.current()), lambda _: True, settings=settings(database=None))
+    fields: dict[str, list] = {k: [v] for k, v in drawn.items()}
+    for example in spec.examples:
+        for k, v in example_params(example).items():
+            fields.setdefault(k, []).append(v)
+    return fields
+
+
+def _same_kind(value: object, like: object) -> bool:
+    """JSON types alike: a number for a number (an int where a float is drawn is fine), a string
+    for a string, a list for a list; None matches anything (an optional field)."""
+    if value is None or like is None:
+        return True
+    if isinstance(like, bool) or isinstance(value, bool):
+        return isinstance(value, bool) == isinstance(like, bool)
+    if isinstance(like, int | float):
+        return isinstance(value, int | float) and (isinstance(like, float) or isinstance(value, int))
+    return isinstance(value, type(like))
 
 
 def _given_case(spec, text: str):
@@ -218,19 +235,23 @@ def _given_case(spec, text: str):
     from ops import backend
     from verify.cli import UsageError
 
-    fields = ", ".join(sorted(spec.typical))
     try:
         params = json.loads(text)
     except ValueError as exc:
         raise UsageError(f"--case: not JSON ({exc})") from None
+    known = _known_fields(spec)
+    fields = ", ".join(sorted(known))
     if not isinstance(params, dict):
         raise UsageError(f"--case: expected a JSON object of {spec.name} fields ({fields}), got {params!r}")
-    known = _known_fields(spec)
-    unknown = sorted(set(params) - known)
+    unknown = sorted(set(params) - set(known))
     if unknown:
-        raise UsageError(
-            f"--case: unknown field {unknown[0]!r}; a {spec.name} case has {', '.join(sorted(known))}"
-        )
+        raise UsageError(f"--case: unknown field {unknown[0]!r}; a {spec.name} case has {fields}")
+    for name, value in params.items():
+        if not any(_same_kind(value, like) for like in known[name]):
+            like = known[name][0]
+            raise UsageError(
+                f"--case: field {name!r} is {value!r}; expected {type(like).__name__}, e.g. {like!r}"
+            )
     try:
         return spec.build(params, backend.device())
     except KeyError as exc:

@@ -79,7 +79,6 @@ def _example(name: str, lead: list[int], n: int, **extra: object) -> dict:
         "dtype": "bfloat16",
         "dist": "normal",
         "seed": 0,
-        "residual_pad": 0,
     }
     return {"name": name, **base, **extra}
 
@@ -95,7 +94,7 @@ RMS_NORM_EXAMPLES = (
 )
 # add_rms_norm takes every shape but the qk-norm head view (the model's qk-norm adds nothing)
 ADD_RMS_NORM_EXAMPLES = (
-    *(e for e in RMS_NORM_EXAMPLES if "head_gap" not in e),
+    *({**e, "residual_pad": 0} for e in RMS_NORM_EXAMPLES if "head_gap" not in e),
     _example("qwen2.5 residual add, strided residual", [2, 5], 896, residual_pad=7),
 )
 
