@@ -96,6 +96,12 @@ def test_write_to_an_input_is_caught() -> None:
     assert (report.name, report.shape, report.strides, report.rule) == expected
 
 
+def test_an_impl_returning_none_is_told_so() -> None:
+    spec, case = _case("rms_norm")
+    result = check(spec, case, lambda x, w, eps: None)
+    assert not result.passed and result.error == "implementation returned None, the reference 1 outputs"
+
+
 def test_write_outside_a_view_is_caught() -> None:
     spec, case = _case("rms_norm", pad=3)
 

@@ -18,14 +18,20 @@ def verify_op(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_list_shows_every_op_with_article_numbers() -> None:
+def test_list_shows_every_op_with_article_numbers(tmp_path: Path) -> None:
     import registry
 
-    run = verify_op("--list")
+    report = tmp_path / "ops.json"
+    run = verify_op("--list", "--json", str(report))
     assert run.returncode == 0
     for spec in registry.all():
         assert spec.name in run.stdout
     assert "1, 12, 20, qk-norm" in run.stdout
+    listed = {row["op"]: row for row in json.loads(report.read_text())}
+    assert set(listed) == set(registry.names())
+    assert listed["kv_cache_store"] == {
+        "op": "kv_cache_store", "article_ops": [18], "rule": "exact", "mutates": ["k_cache", "v_cache"],
+    }  # fmt: skip
 
 
 def test_registered_kernel_verifies(tmp_path: Path) -> None:
@@ -74,9 +80,16 @@ def test_an_impl_taking_the_contracts_arguments_in_another_order_exits_2(tmp_pat
     assert verify_op("linear", "--impl", f"{impl}:linear", "--examples", "2").returncode == 0
 
 
-def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
-    run = verify_op("rms_norm", "--impl", "tests/buggy_kernels.py:rms_norm_tail_dropped", "--examples", "30")
+def test_broken_kernel_from_a_file_diverges_with_a_small_repro(tmp_path: Path) -> None:
+    report = tmp_path / "out.json"
+    run = verify_op(
+        "rms_norm", "--impl", "tests/buggy_kernels.py:rms_norm_tail_dropped", "--examples", "30",
+        "--json", str(report),
+    )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
+    failure = json.loads(report.read_text())["failure"]  # the numbers, not only the text
+    (out,) = failure["outputs"]
+    assert not out["passed"] and out["max_abs"] > out["bound"] and failure["repro"].startswith("python -m")
     assert "DIVERGES" in run.stdout and "smallest failing case after shrinking" in run.stdout
     repro = next(line for line in run.stdout.splitlines() if "repro:" in line)
     case = json.loads(repro.split("--case ", 1)[1].split(" --impl")[0].strip("'"))
@@ -101,6 +114,7 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro() -> None:
         (("rms_norm", "--case", "{not json"), "--case: not JSON"),
         (("rms_norm", "--case", "[1, 2]"), "--case: expected a JSON object of rms_norm fields"),
         (("rms_norm", "--case", "{}"), "--case: no field 'lead'; a rms_norm case has"),
+        (("rms_norm", "--list"), "--list lists every op; it takes no op name (got 'rms_norm')"),
         (("rms_norm", "--case", '{"n": "7"}'), "--case: field 'n' is '7'; expected int"),
         (("silu_mul", "--case", '{"fused": 1}'), "--case: field 'fused' is 1; expected bool"),
         (("rms_norm", "--case", '{"lead": 3}'), "--case: field 'lead' is 3; expected list"),

@@ -16,7 +16,7 @@ import math
 import shlex
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -81,6 +81,18 @@ class CheckResult:
     def used(self) -> float | None:
         """The largest share of its tolerance any output used (None: every output exact-rule)."""
         return max((o.used for o in self.outputs if o.used is not None), default=None)
+
+    def as_json(self) -> dict:
+        """The case, the verdict with each output's numbers, the error and the repro command, as
+        the --json reports record them."""
+        return {
+            "case": self.case.params,
+            "passed": self.passed,
+            "outputs": [asdict(o) for o in self.outputs],
+            "error": self.error,
+            "repro": self.repro,
+            "description": self.describe(),
+        }
 
     def describe(self) -> str:
         """A failure message a person can act on: what, where, how far off, how to reproduce."""
@@ -496,7 +508,8 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         return _raised(result, "reference", exc)
     if len(impl_out) != len(ref_out):
         result.passed = False
-        result.error = f"implementation returned {len(impl_out)} outputs, the reference {len(ref_out)}"
+        got = "None" if not impl_out else f"{len(impl_out)} outputs"
+        result.error = f"implementation returned {got}, the reference {len(ref_out)} outputs"
         return result
     tol = lookup(spec.tolerance, dtype_of(case.params))
     oracle_out = lowp_out = terms_out = None

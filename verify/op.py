@@ -38,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _list_ops() -> int:
+def _list_ops(json_path: str | None) -> int:
     import registry
+    from verify import cli
     from verify.tolerances import rule
 
     specs = registry.all()
@@ -50,6 +51,18 @@ def _list_ops() -> int:
     widths = [max(len(r[i]) for r in [("op", "article ops", "rule", "mutates"), *rows]) for i in range(3)]
     for name, ops, kind, mutates in [("op", "article ops", "rule", "mutates"), *rows]:
         print(f"{name:<{widths[0]}}  {ops:<{widths[1]}}  {kind:<{widths[2]}}  {mutates}")
+    cli.write_json(
+        json_path,
+        [
+            {
+                "op": s.name,
+                "article_ops": list(s.article_ops),
+                "rule": rule(s.tolerance),
+                "mutates": list(s.mutates),
+            }
+            for s in specs
+        ],
+    )
     return 0
 
 
@@ -80,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verify.op: {exc}", file=sys.stderr)
         return 2
     if args.list:
-        return _list_ops()
+        try:
+            if args.name:
+                raise cli.UsageError(f"--list lists every op; it takes no op name (got {args.name!r})")
+            cli.check_output_file("--json", args.json)
+        except cli.UsageError as exc:
+            print(f"verify.op: {exc}", file=sys.stderr)
+            return 2
+        return _list_ops(args.json)
     if not args.name:
         print("verify.op: an op name is required (see --list)", file=sys.stderr)
         return 2
@@ -115,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
 
     if case is not None:
-        params = case.params
         result = check(spec, case, impl, args.impl)
         refusal = _refusal(spec, result, checking_registered=impl is None)
         if refusal:
@@ -123,14 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(result.describe())
         cli.write_json(
-            args.json,
-            {
-                "op": spec.name,
-                "impl": label,
-                "passed": result.passed,
-                "case": params,
-                "description": result.describe(),
-            },
+            args.json, {"op": spec.name, "impl": label, "backend": backend.name(), **result.as_json()}
         )
         return 0 if result.passed else 1
 
@@ -173,13 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             "coverage": dict(outcome.coverage),
             "worst_max_abs": outcome.worst.max_abs if outcome.worst else None,
             "worst_tolerance_used": outcome.worst.used if outcome.worst else None,
-            "failure": None
-            if outcome.failure is None
-            else {
-                "case": outcome.failure.case.params,
-                "description": outcome.failure.describe(),
-                "repro": outcome.failure.repro,
-            },
+            "worst": outcome.worst.as_json() if outcome.worst else None,  # the closest to failing
+            "failure": outcome.failure.as_json() if outcome.failure else None,
         },
     )
     return 0 if outcome.passed else 1
