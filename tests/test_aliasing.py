@@ -124,6 +124,11 @@ def _attention_out_in_v_cache():
     )
 
 
+def _rms_norm_out_shifted_over_x():
+    base = randn(5, 16)  # out overlaps x one row down: in place means x itself
+    norm.rms_norm(base[:4], randn(16), 1e-6, out=base[1:])
+
+
 def _decode_scratch_max_is_sum():
     q, k_cache = randn(1, 1, 1, 64), randn(1, 64, 1, 64)
     scratch = attention.decode_scratch(q, k_cache)
@@ -151,6 +156,7 @@ def _decode_scratch_max_is_sum():
         (_rope_kv_store_out_in_cache, "out: shares memory with k_cache"),
         (_attention_out_in_v_cache, "out: shares memory with v_cache"),
         (_decode_scratch_max_is_sum, "scratch.sum: shares memory with scratch.max"),
+        (_rms_norm_out_shifted_over_x, "out: shares memory with x"),
     ],
 )
 def test_outputs_sharing_memory_with_what_the_kernel_reads_are_refused(call, names: str) -> None:
@@ -171,7 +177,7 @@ def test_the_supported_in_place_forms_still_match_the_reference() -> None:
     assert torch.equal(elementwise.add(a, b, out=b), want)
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, 0.0])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0.0, True])  # a bool is no number
 def test_eps_and_scale_must_be_positive_and_finite(bad: float) -> None:
     with pytest.raises(ValueError, match="eps: expected a positive finite number"):
         norm.rms_norm(randn(2, 16), randn(16), bad)
@@ -200,6 +206,8 @@ def test_empty_and_degenerate_shapes() -> None:
 def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
     with pytest.raises(TypeError, match="out: expected None or a pair of tensors"):
         norm.add_rms_norm(randn(2, 16), randn(2, 16), randn(16), 1e-6, out=randn(2, 16))
+    with pytest.raises(TypeError, match="out: expected None or a pair of tensors"):
+        norm.add_rms_norm(randn(2, 16), randn(2, 16), randn(16), 1e-6, out=(randn(2, 16),) * 3)
     with pytest.raises(TypeError, match="scratch: expected a DecodeScratch from decode_scratch"):
         q, cache = randn(1, 1, 1, 64), randn(1, 64, 1, 64)
         attention.attention_decode(
@@ -210,3 +218,43 @@ def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
             0.125,
             scratch=(1, 2, 3),
         )
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda: gemm.linear_splitk(randn(1, 80), randn(4, 80), True),
+            ValueError,
+            "split_k: expected an int",
+        ),
+        (
+            lambda: gemm.linear_splitk(randn(1, 80), randn(4, 80), gemm.MAX_SPLIT_K + 1),
+            ValueError,
+            r"^split_k: expected an int from 1 to min\(K=80, 64\)",
+        ),
+        (
+            lambda: gemm.splitk_reduce(randn(gemm.MAX_SPLIT_K + 1, 1, 4, dtype=torch.float32), BF16),
+            ValueError,
+            "partials: expected 1..64 splits",
+        ),
+        (
+            lambda: rope.rope_cos_sin(torch.zeros(1, 2, dtype=torch.int32, device=DEVICE), 8.0, 1e4),
+            ValueError,
+            "rotary_dim: expected a positive int, got 8.0",
+        ),
+        (
+            lambda: norm.rms_norm(randn(1, norm.MAX_N + 1), randn(norm.MAX_N + 1), 1e-6),
+            ValueError,
+            "x: last dim 32769 exceeds",
+        ),
+        (
+            lambda: gemm.linear(randn(3, 32), randn(16, 32), out=randn(16, 3)),
+            ValueError,
+            r"out: expected shape \(3, 16\)",  # as many elements, another shape
+        ),
+    ],
+)
+def test_values_at_the_edge_of_a_check_are_refused(call, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        call()

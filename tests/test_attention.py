@@ -208,6 +208,10 @@ def test_bad_path_and_scratch_are_refused() -> None:
     bad = scratch._replace(sum=scratch.sum[:1] if scratch.sum.shape[0] > 1 else scratch.sum[..., :-1])
     with pytest.raises(ValueError, match=r"scratch\.sum"):
         ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, scratch=bad)
+    padded = torch.empty((*scratch.sum.shape[:-1], scratch.sum.shape[-1] + 1), device=DEVICE)
+    with pytest.raises(ValueError, match=r"scratch\.sum: expected a contiguous tensor"):
+        strided = scratch._replace(sum=padded[..., :-1])  # the right shape, rows a gap apart
+        ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, scratch=strided)
     wide = _case(s=20, past=0, group=4, kv_heads=1).args  # 80 query rows per kv head
     with pytest.raises(ValueError, match="q: the decode path"):
         ops_attention.attention_decode(*wide)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,10 @@ def _tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
             "model.norm.weight holds NaN or inf values",
         ),
         (
+            lambda t: t.update({"model.norm.weight": torch.full((64,), float("inf"), dtype=torch.bfloat16)}),
+            "model.norm.weight holds NaN or inf values",
+        ),
+        (
             lambda t: t.update({"lm_head.weight": torch.ones(96, 64, dtype=torch.bfloat16)}),
             "lm_head.weight differs from model.embed_tokens.weight, but the config ties them",
         ),
@@ -128,6 +133,13 @@ def test_a_tied_checkpoint_may_store_the_head_copy(tmp_path: Path) -> None:
     assert w.lm_head is w.embed
 
 
+def test_buffers_old_checkpoints_carry_are_ignored(tmp_path: Path) -> None:
+    cfg = TINY["llama"]
+    tensors = _tensors(cfg) | {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(16)}
+    _write(tmp_path, tensors, cfg)
+    model_weights.load(tmp_path, cfg, "cpu")
+
+
 def _index(directory: Path, weight_map: object) -> None:
     (directory / model_weights.INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
 
@@ -152,6 +164,16 @@ def test_bad_shard_indexes_are_refused(
     _index(tmp_path, weight_map)
     with pytest.raises(WeightsError, match=message):
         model_weights.load(tmp_path, cfg, "cpu")
+
+
+def test_an_index_without_a_weight_map_is_refused(tmp_path: Path) -> None:
+    cfg = TINY["qwen3"]
+    _write(tmp_path, _tensors(cfg), cfg)
+    (tmp_path / "model.safetensors").rename(tmp_path / "shard-1.safetensors")
+    for text in ('{"metadata": {}}', "[1, 2]"):
+        (tmp_path / model_weights.INDEX_FILE).write_text(text)
+        with pytest.raises(WeightsError, match="not a valid safetensors index"):
+            model_weights.load(tmp_path, cfg, "cpu")
 
 
 def test_an_index_mapping_a_tensor_to_the_wrong_shard_names_both(tmp_path: Path) -> None:
@@ -227,6 +249,11 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling: rope scaling"),
         ({"rope_parameters": {"type": "dynamic", "rope_theta": 1e6}}, "rope_parameters: rope scaling"),
         ({"rope_scaling": "linear"}, "rope_scaling: expected an object"),
+        ({"mlp_bias": True}, "mlp_bias is not implemented"),
+        ({"pretraining_tp": 2}, "pretraining_tp != 1 is not implemented"),
+        ({"rms_norm_eps": math.inf}, "rms_norm_eps: expected a positive finite number, got inf"),
+        ({"eos_token_id": -1}, r"eos_token_id: expected token ids in \[0, 96\), got -1"),
+        ({"eos_token_id": True}, r"eos_token_id: expected token ids in \[0, 96\), got True"),
     ],
 )
 def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: str) -> None:
@@ -311,6 +338,16 @@ def test_missing_config_and_bad_json(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_bytes(bytes(range(128, 256)))
     with pytest.raises(ConfigError, match="not valid JSON"):
         model_config.load(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        model_config.load(tmp_path)
+
+
+def test_a_config_built_in_code_is_checked_as_a_parsed_one_is() -> None:
+    with pytest.raises(ConfigError, match="family 'gpt2' is not one of"):
+        TINY["llama"].replace(family="gpt2")
+    with pytest.raises(ConfigError, match="num_layers: expected a positive int, got 0"):
+        TINY["llama"].replace(num_layers=0)
 
 
 def test_article_preset_is_the_seed_article_config() -> None:

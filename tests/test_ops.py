@@ -152,6 +152,36 @@ def test_rejects_wrong_dtype(name: str, arg: str) -> None:
         spec.impl(*args.values(), **case.kwargs)
 
 
+def _float_args(spec: registry.OpSpec) -> list[str]:
+    """The float tensor args after the first, which sets the dtype they must match (float64, tried
+    above, is refused by each one's dtype list before the match is checked)."""
+    case = spec.build(spec.typical, torch.device("cpu"))
+    names = arg_names(spec.reference)
+    floats = [
+        a
+        for a, v in zip(names, case.args, strict=False)
+        if isinstance(v, torch.Tensor) and v.is_floating_point()
+    ]
+    return floats[1:]
+
+
+FLOAT_ARGS = [
+    pytest.param(spec.name, arg, id=f"{spec.name}-{arg}")
+    for spec in registry.all()
+    for arg in _float_args(spec)
+]
+
+
+@pytest.mark.parametrize(("name", "arg"), FLOAT_ARGS)
+def test_rejects_a_float_arg_in_another_supported_dtype(name: str, arg: str) -> None:
+    spec = registry.get(name)
+    case = spec.build(spec.typical, DEVICE)
+    args = dict(zip(arg_names(spec.reference), case.args, strict=False))
+    args[arg] = args[arg].to(torch.bfloat16 if args[arg].dtype == torch.float32 else torch.float32)
+    with pytest.raises(TypeError, match=rf"^{re.escape(arg)}\b"):
+        spec.impl(*args.values(), **case.kwargs)
+
+
 @pytest.mark.parametrize(("name", "arg"), TENSOR_ARGS)
 def test_rejects_wrong_device(name: str, arg: str) -> None:
     spec = registry.get(name)

@@ -224,6 +224,16 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
             ("--inject", "rms_norm=torch:add@1", "--inject", "rms_norm=torch:mul@0,1"),
             "layer 1's rms_norm is already injected (torch:add)",
         ),
+        ("verify.e2e", ("--against", "hf"), "--against 'hf': expected 'reference' and optionally 'hf'"),
+        ("verify.e2e", ("--model", "README.md"), "--model README.md: expected a checkpoint directory"),
+        ("verify.e2e", ("--prompt-ids", "1,x"), "--prompt-ids '1,x': expected comma-separated integers"),
+        ("verify.bisect", ("--inject", "rms_norm=torch:add@x"), "layers must be a number, a comma list"),
+        ("verify.bisect", ("--inject", "rms_norm=torch:add@-1"), "layer -1 is out of range"),  # not the last
+        (
+            "verify.bisect",
+            ("--inject", "linear=torch:add@0", "--inject", "add_rms_norm_linear=torch:add@0"),
+            "add_rms_norm_linear is a fused op and linear one of the ops fused ops stand for",
+        ),
     ],
 )
 def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> None:
@@ -337,6 +347,18 @@ def test_bisect_non_finite_triton_side_is_still_a_divergence(tmp_path: Path) -> 
     )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
     assert "DIVERGES: first at prefill, layer 1" in run.stdout
+
+
+def test_a_checkpoint_the_loaders_refuse_exits_2(tmp_path: Path, capsys) -> None:
+    from verify import bisect, e2e
+
+    model = tiny_checkpoint(tmp_path / "ckpt")
+    (model / "model.safetensors").unlink()
+    assert e2e.main(["--model", str(model), "--new-tokens", "1"]) == 2
+    assert "verify.e2e: --model: " in capsys.readouterr().err
+    (model / "config.json").write_text('{"model_type": "gpt2"}')
+    assert bisect.main(["--model", str(model)]) == 2
+    assert "model_type 'gpt2' is not supported" in capsys.readouterr().err
 
 
 def test_e2e_exits_2_when_transformers_cannot_load_the_oracle(tmp_path: Path, monkeypatch, capsys) -> None:

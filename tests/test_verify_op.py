@@ -125,6 +125,7 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro(tmp_path: Path) -
         (("rms_norm", "--inputs", "/no/such/inputs.pt"), "--inputs /no/such/inputs.pt"),
         (("rms_norm", "--json", "/proc/out.json"), "--json /proc/out.json: cannot be written"),
         (("rms_norm", "--examples", "abc"), "--examples: expected a whole number, got 'abc'"),
+        (("rms_norm", "--json", "tests"), "--json tests: is a directory, expected a file path"),
     ],
 )
 def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
@@ -144,10 +145,13 @@ def test_inputs_that_are_not_a_recording_for_this_op_exit_2(tmp_path: Path) -> N
     torch.save({"op": "kv_cache_store", "args": (torch.zeros(2),)}, other)
     arity = tmp_path / "arity.pt"
     torch.save({"op": "rms_norm", "args": (torch.zeros(2),)}, arity)
+    extra = tmp_path / "extra.pt"  # a valid call, but the file holds more than a recording does
+    torch.save({"op": "rms_norm", "args": (torch.zeros(2, 8), torch.ones(8), 1e-6), "note": 1}, extra)
     for path, message in (
         (junk, "not inputs saved by verify.bisect"),
         (other, "recorded for kv_cache_store, not rms_norm"),
         (arity, "the arguments do not fit rms_norm"),
+        (extra, "not inputs saved by verify.bisect (expected op and args)"),
     ):
         run = verify_op("rms_norm", "--inputs", str(path))
         assert run.returncode == 2, run.stdout + run.stderr
@@ -198,6 +202,7 @@ def test_a_case_that_is_no_valid_call_exits_2() -> None:
             ("--examples", "3"),
             "--case runs one case: --examples and --seed do not apply",
         ),
+        ("rms_norm", typical, ("--seed", "1"), "--case runs one case: --examples and --seed do not apply"),
     ):
         run = verify_op(op, "--case", json.dumps(case), *extra)
         assert run.returncode == 2, run.stdout + run.stderr
