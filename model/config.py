@@ -202,7 +202,7 @@ def _parse(cfg: dict) -> ModelConfig:
     if family not in FAMILIES:
         raise ConfigError(f"model_type {family!r} is not supported; expected one of {FAMILIES}")
     act = cfg.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in ("silu", "swish"):  # transformers maps both names to SiLU
         raise ConfigError(f"hidden_act {act!r} is not supported (the MLP kernel is SwiGLU with silu)")
     rope_theta, rotary_factor = _rope(cfg)
     if rotary_factor != 1.0:  # transformers' llama/qwen2/qwen3 rotate the whole head

@@ -314,6 +314,8 @@ def test_absent_fields_take_transformers_defaults() -> None:
     assert (llama.num_kv_heads, llama.max_position_embeddings) == (4, 2048)
     with pytest.raises(ConfigError, match="missing required field 'num_key_value_heads'"):
         parse("qwen3", "num_key_value_heads")
+    swish = {**model_config.to_hf_dict(TINY["qwen3"]), "hidden_act": "swish"}  # transformers: SiLU
+    assert model_config.from_hf_dict(swish) == parse("qwen3")
 
 
 @pytest.mark.parametrize("family", sorted(TINY))

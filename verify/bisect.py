@@ -267,8 +267,10 @@ def free_run(
 
 
 def _parser() -> argparse.ArgumentParser:
+    from verify.cli import EPILOG
+
     p = argparse.ArgumentParser(
-        prog="python -m verify.bisect", description=" ".join(__doc__.split("\n\n")[0].split())
+        prog="python -m verify.bisect", description=" ".join(__doc__.split("\n\n")[0].split()), epilog=EPILOG
     )
     p.add_argument(
         "--layer",

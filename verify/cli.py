@@ -26,6 +26,13 @@ def environment_problem() -> str | None:
     return None
 
 
+EPILOG = (
+    "Exit status: 0 verified, 1 a divergence found (or the implementation under test raised), "
+    "2 bad usage or input. TRITONCHECK_BACKEND=auto|cuda|interpreter picks where kernels run "
+    "(auto: cuda when torch sees a GPU)."
+)
+
+
 def positive_int(text: str) -> int:
     """An argparse ``type`` for counts: a whole number >= 1 (argparse names the option)."""
     try:

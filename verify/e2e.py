@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from verify.cli import UsageError, positive_int
+from verify.cli import EPILOG, UsageError, positive_int
 
 if TYPE_CHECKING:
     from verify.models import Models
@@ -203,7 +203,7 @@ def run(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m verify.e2e", description=" ".join(__doc__.split("\n\n")[0].split())
+        prog="python -m verify.e2e", description=" ".join(__doc__.split("\n\n")[0].split()), epilog=EPILOG
     )
     from verify.models import add_model_arguments
 

@@ -56,7 +56,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="OP=IMPL@LAYERS",
-        help="swap one op's implementation in these layers of the Triton model (repeatable)",
+        help="swap one op's implementation in layers of the Triton model (repeatable): OP is a registered "
+        "op, IMPL is MODULE:FN or FILE.py:FN, LAYERS a layer number, a comma list (0,3) or 'all'",
     )
 
 

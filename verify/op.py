@@ -19,10 +19,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from verify.cli import positive_int
+    from verify.cli import EPILOG, positive_int
 
+    profiles = " HYPOTHESIS_PROFILE=ci|gpu|thorough sets how many cases are drawn (default: ci, gpu on cuda)."
     p = argparse.ArgumentParser(
-        prog="python -m verify.op", description=" ".join(__doc__.split("\n\n")[0].split())
+        prog="python -m verify.op",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog=EPILOG + profiles,
     )
     p.add_argument("name", nargs="?", help="the op to check (see --list)")
     p.add_argument("--impl", help="an outside implementation: MODULE:FN or FILE.py:FN")
