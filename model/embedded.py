@@ -204,6 +204,7 @@ def _hf():
             "the embedded default model is trained with transformers, which is not installed "
             "(pip install -e '.[test]'), or pass --model DIR"
         ) from None
+    transformers.utils.logging.disable_progress_bar()  # its bars would break into a CLI's table
     return transformers
 
 
