@@ -293,6 +293,19 @@ def test_an_injected_implementation_that_raises_is_a_divergence(module: str, tmp
     assert "raised TypeError" in json.loads(report.read_text())["raised"]
 
 
+def test_an_injected_implementation_that_raises_shows_the_failing_line(tmp_path: Path, capsys) -> None:
+    from verify import e2e
+
+    impl = tmp_path / "broken.py"
+    impl.write_text("def rms_norm(x, weight, eps):\n    raise ValueError('boom: ' + str(x.shape[-1]))\n")
+    assert (
+        e2e.main(["--inject", f"rms_norm={impl}:rms_norm@1", "--new-tokens", "1", "--against", "reference"])
+        == 1
+    )
+    out = capsys.readouterr().out
+    assert f'File "{impl}", line 2, in rms_norm' in out and "raise ValueError('boom: '" in out
+
+
 def test_an_injected_implementation_calling_sys_exit_is_a_divergence(tmp_path: Path) -> None:
     """``sys.exit(0)`` inside it must not end the run with exit 0 and no verdict."""
     impl = tmp_path / "exits.py"

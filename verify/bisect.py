@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             _walk(args, models, free, lowp, factor, save_dir, impl_specs, report, device)
     except model_loading.InjectedOpError as exc:
-        print(f"\nDIVERGES: {exc}")
+        print(f"\nDIVERGES: {exc}\n{exc.where}", end="")
         report.raised, report.verdict = str(exc), "DIVERGES"
         cli.write_json(args.json, asdict(report))
         return 1

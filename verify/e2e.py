@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress=lambda s: print(_row(s, names), flush=True),
             )
     except model_loading.InjectedOpError as exc:
-        print(f"triton: DIVERGES: {exc}")
+        print(f"triton: DIVERGES: {exc}\n{exc.where}", end="")
         cli.write_json(args.json, {**run_json, "verdicts": {"triton": "DIVERGES"}, "raised": str(exc)})
         return 1
     except (NonFiniteReference, HFLoadError) as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,12 @@ INJECTABLE = tuple(op for op in OPS if op not in OUTSIDE_LAYERS)
 
 class InjectedOpError(Exception):
     """An injected implementation raised: the implementation under test failed (the CLIs exit 1,
-    as ``verify.op`` reports an implementation that raises as a divergence)."""
+    as ``verify.op`` reports an implementation that raises as a divergence). ``where`` is the end
+    of its traceback, as verify.op prints it, so the failing line of the user's code is shown."""
+
+    def __init__(self, message: str, cause: BaseException) -> None:
+        super().__init__(message)
+        self.where = "".join(traceback.format_exception(cause)[-3:])
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ def _guarded(fn: Callable, inj: Injection) -> Callable:
             return fn(*args, **kwargs)
         except (Exception, SystemExit) as exc:  # sys.exit(0) inside it is no verdict
             raise InjectedOpError(
-                f"the injected {inj.op} ({inj.impl_spec}) raised {type(exc).__name__}: {exc}"
+                f"the injected {inj.op} ({inj.impl_spec}) raised {type(exc).__name__}: {exc}", exc
             ) from exc
 
     return call
