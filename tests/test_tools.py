@@ -263,6 +263,14 @@ def test_an_unknown_hypothesis_profile_is_bad_usage(monkeypatch) -> None:
     assert "HYPOTHESIS_PROFILE='fast': expected one of ci, gpu, thorough" in run.stderr
 
 
+def test_a_full_size_preset_on_the_interpreter_is_announced_as_slow() -> None:
+    from ops import backend
+    from verify.models import slow_run_note
+
+    note = slow_run_note("article")
+    assert (note is not None and "0.65B parameters" in note) == backend.is_interpreter()
+
+
 def test_bench_help_lists_the_suites() -> None:
     run = cli("verify.bench", "--help")
     assert run.returncode == 0, run.stdout + run.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -146,6 +147,9 @@ def resolve_checkpoint(model: str | None) -> Path:
     if model in model_config.PRESETS:
         from model import presets
 
+        note = slow_run_note(model)
+        if note:
+            print(note, file=sys.stderr)
         return presets.checkpoint(model)
     path = Path(model)
     if not path.exists():
@@ -155,6 +159,16 @@ def resolve_checkpoint(model: str | None) -> Path:
     if not path.is_dir():
         raise UsageError(f"--model {model}: expected a checkpoint directory (config.json + safetensors)")
     return path
+
+
+def slow_run_note(preset: str) -> str | None:
+    """A warning before a full-size preset is built and run on the interpreter: it takes hours."""
+    from ops import backend
+
+    params = model_config.PRESETS[preset].num_parameters()
+    if not backend.is_interpreter() or params < 10**8:
+        return None
+    return f"note: --model {preset} has {params / 1e9:.2f}B parameters: the Triton interpreter takes hours"
 
 
 def checkpoint_config(model: str | None) -> tuple[Path, model_config.ModelConfig]:
