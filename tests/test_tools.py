@@ -114,8 +114,9 @@ def test_bisect_names_a_diverging_model_level_op(
 
     monkeypatch.setattr(triton_model, "build", build)
     report = tmp_path / "bisect.json"
-    argv = ["--prompt-len", "4", "--decode-steps", "0", "--json", str(report), "--repro-dir", str(tmp_path)]
-    assert bisect_cli.main(argv) == 1
+    model = str(tiny_checkpoint(tmp_path / "ckpt"))  # 2 small layers: the rows, not the model, are tested
+    argv = ["--model", model, "--prompt-len", "4", "--decode-steps", "0", "--json", str(report)]
+    assert bisect_cli.main([*argv, "--repro-dir", str(tmp_path / "repros")]) == 1
     data = json.loads(report.read_text())
     assert data["first"]["layer"] == row
     assert data["culprit"]["op"] == op
