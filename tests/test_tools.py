@@ -32,7 +32,7 @@ def bisect(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dic
         "--json",
         str(report),
         "--repro-dir",
-        str(tmp_path),
+        str(tmp_path / "repros"),
         *args,
     )
     return run, json.loads(report.read_text()) if report.exists() else {}
@@ -44,6 +44,7 @@ def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
     assert report["first"] is None
     # decode steps sit after the 8-token prompt, one position each
     assert report["steps"] == ["prefill", "decode step 1 (position 8)", "decode step 2 (position 9)"]
+    assert not (tmp_path / "repros").exists()  # nothing failed: no repro directory made
 
 
 @pytest.mark.parametrize(

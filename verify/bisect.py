@@ -177,6 +177,7 @@ def check_recorded_ops(
         shapes = describe_inputs(case)
         if not result.passed:
             on_cpu = tuple(clone_preserving_layout(a, "cpu") if torch.is_tensor(a) else a for a in args)
+            file.parent.mkdir(parents=True, exist_ok=True)  # --repro-dir is made when first needed
             torch.save({"op": call.op, "args": on_cpu}, file)
         worst = next((o for o in result.outputs if not o.passed), None)
         detail = result.error or (
@@ -439,8 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         for inj in injections
         for n in (inj.layers if inj.layers is not None else range(models.config.num_layers))
     }
-    save_dir = Path(args.repro_dir or tempfile.mkdtemp(prefix="bisect-"))
-    save_dir.mkdir(parents=True, exist_ok=True)
+    save_dir = Path(args.repro_dir) if args.repro_dir else Path(tempfile.mkdtemp(prefix="bisect-"))
     report = Report(str(models.directory), backend.name(), [i.as_json() for i in injections])
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
