@@ -199,7 +199,9 @@ def _hf():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: everything here is local
     try:
         import transformers
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "transformers":  # installed but broken: its own error says more
+            raise
         raise ImportError(
             "the embedded default model is trained with transformers, which is not installed "
             "(pip install -e '.[test]'), or pass --model DIR"

@@ -2,18 +2,22 @@
 # Everything the GPU must confirm, in one device call (device time is scarce): the test suite
 # on compiled kernels (gpu profile, full-size named shapes), token parity and bisect on the
 # article preset, then the model benchmark. Logs go to $OUT (default ./out).
-# Usage: scripts/gpu_verify.sh [stage ...]   stages: tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention ab
+# Usage: scripts/gpu_verify.sh [stage ...]   (--help lists the stages)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
 STAGES="tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention ab"
+USAGE="usage: scripts/gpu_verify.sh [stage ...]; stages: $STAGES"
 stages=${*:-tests e2e bisect bench}
-case " $* " in *" -h "* | *" --help "*) echo "usage: scripts/gpu_verify.sh [stage ...]; stages: $STAGES"; exit 0 ;; esac
-for stage in $stages; do  # every name checked before any stage runs
+case " $* " in *" -h "* | *" --help "*) echo "$USAGE"; exit 0 ;; esac
+for stage in $stages; do  # every name (and what ab needs) checked before any stage runs
     case " $STAGES " in
         *" $stage "*) ;;
-        *) echo "usage: scripts/gpu_verify.sh [stage ...]; stages: $STAGES (unknown: $stage)" >&2; exit 2 ;;
+        *) echo "$USAGE (unknown: $stage)" >&2; exit 2 ;;
     esac
+    if [ "$stage" = ab ] && ! ls -d ab_*/ >/dev/null 2>&1; then
+        echo "ab: no ab_*/ copies (git archive REV | tar -x -C ab_base)" >&2; exit 2
+    fi
 done
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -57,8 +61,7 @@ for stage in $stages; do
         # move it. The copies are git-ignored, so the device call must carry them.
         # AB_PRESET picks the model (default article; qwen2.5-0.5b has the QKV bias, qwen3-0.6b qk-norm).
         ab)
-            copies=$(ls -d ab_*/ 2>/dev/null)
-            [ -n "$copies" ] || { echo "ab: no ab_*/ copies (git archive REV | tar -x -C ab_base)" >&2; exit 2; }
+            copies=$(ls -d ab_*/)
             for round in 1 2; do
                 for copy in $copies; do
                     (cd "$copy" && run "ab-${copy%/}-$round" 120 env PYTHONPATH="$PWD" python -m verify.bench model \
@@ -70,5 +73,6 @@ for stage in $stages; do
             for log in "$OUT"/ab-*.log; do
                 echo "$(basename "$log" .log): $(grep '^triton + CUDA graph ' "$log")"
             done | tee -a "$OUT/summary.txt" ;;
+        *) echo "$USAGE (no rule for: $stage)" >&2; exit 2 ;;
     esac
 done

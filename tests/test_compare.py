@@ -100,6 +100,21 @@ def test_an_impl_returning_none_is_told_so() -> None:
     spec, case = _case("rms_norm")
     result = check(spec, case, lambda x, w, eps: None)
     assert not result.passed and result.error == "implementation returned None, the reference 1 outputs"
+    spec, case = _case("rope_kv_store")  # the caches it updates are not counted as returned
+    result = check(spec, case, lambda *args, **kwargs: None)
+    assert not result.passed and result.error == "implementation returned None, the reference 1 outputs"
+
+
+def test_an_impl_failing_deep_in_a_library_shows_its_own_line() -> None:
+    import json
+
+    spec, case = _case("rms_norm")
+
+    def parses_nothing(x, w, eps):
+        return json.loads("{")  # raises two frames down in the json package
+
+    result = check(spec, case, parses_nothing)
+    assert 'return json.loads("{")' in result.error and "JSONDecodeError" in result.error
 
 
 def test_write_outside_a_view_is_caught() -> None:

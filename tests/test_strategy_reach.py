@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import registry
+from model.config import PRESETS
 from ops import backend
 from verify import limits
 
@@ -82,9 +83,10 @@ GEMM_OPS = ("linear", "linear_splitk", "add_rms_norm_linear", "add_rms_norm_line
 @pytest.mark.parametrize("op", GEMM_OPS)
 def test_gpu_draws_reach_the_model_widths(op: str) -> None:
     """On the GPU's caps the GEMM strategies draw the model's own widths, not only the awkward
-    small ones: N = 4864 (intermediate, not a multiple of common BLOCK_N), K = 4864 (down_proj's
-    K) and a hidden size, at M = 1. Only parameters are drawn here (no tensors), so this runs
-    on CPU too."""
+    small ones: M = 1, N = every preset's intermediate size (4864 is no multiple of common
+    BLOCK_N), K = those (down_proj's K) for the plain GEMMs and a hidden size for the fused
+    norm + GEMM ops (the named examples hold each preset's exact shapes). Only parameters are
+    drawn here (no tensors), so this runs on CPU too."""
     seen: dict[str, set[int]] = {"m": set(), "n": set(), "k": set()}
 
     @settings(
@@ -97,8 +99,10 @@ def test_gpu_draws_reach_the_model_widths(op: str) -> None:
             values.add(params[axis])
 
     draw()
-    wanted = (("m", 1), ("n", 4864), ("k", 4864))
-    missing = [f"{axis} = {value}" for axis, value in wanted if value not in seen[axis]]
-    if not seen["k"] & {896, 1024}:
-        missing.append("k = a hidden size (896 or 1024)")
+    intermediate = {c.intermediate_size for c in PRESETS.values()}  # gate/up's N, down's K
+    hidden = {c.hidden_size for c in PRESETS.values()}  # the fused ops' K (the norm's width)
+    wanted = {"m": {1}, "n": intermediate, "k": intermediate if op.startswith("linear") else set()}
+    missing = [f"{axis} = {v}" for axis, values in wanted.items() for v in sorted(values - seen[axis])]
+    if not op.startswith("linear") and not seen["k"] & hidden:
+        missing.append(f"k = a hidden size {sorted(hidden)}")
     assert not missing, f"{op}: 300 draws at the GPU's caps never reached {missing}"

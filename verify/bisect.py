@@ -398,10 +398,9 @@ def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: d
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verify.cli import environment_problem
+    from verify.cli import bad_environment
 
-    if (problem := environment_problem()) is not None:  # first: the parser's model options import ops
-        print(f"verify.bisect: {problem}", file=sys.stderr)
+    if bad_environment("verify.bisect"):  # first: the parser's model options import ops
         return 2
     args = _parser().parse_args(argv)
     from model import reference, triton_model

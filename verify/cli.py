@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,15 +17,16 @@ class UsageError(Exception):
     """Bad command-line input: the CLIs print it and exit 2."""
 
 
-def environment_problem() -> str | None:
-    """What is wrong with ``TRITONCHECK_BACKEND``, or None. Importing ``ops`` selects the backend
-    from it, so each CLI imports it first, to report a bad setting as bad usage (exit 2), not as a
-    traceback with exit 1, the code for a divergence."""
+def bad_environment(prog: str) -> bool:
+    """True, after saying so on stderr, when ``TRITONCHECK_BACKEND`` is bad. Importing ``ops``
+    selects the backend from it, so each CLI calls this first, to report a bad setting as bad
+    usage (exit 2), not as a traceback with exit 1, the code for a divergence."""
     try:
         import ops  # noqa: F401
     except (ValueError, RuntimeError) as exc:  # an unknown choice; cuda without a device
-        return str(exc)
-    return None
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return True
+    return False
 
 
 EPILOG = (
@@ -91,6 +94,18 @@ def check_output_dir(option: str, path: str | None) -> None:
 
 
 def write_json(path: str | None, data: Any) -> None:
+    """``data`` as strict JSON: NaN and infinities (an implementation's wrong values) as strings,
+    which jq and JavaScript read, where bare ``NaN`` is not JSON."""
     if path:
         with open(path, "w") as f:
-            json.dump(data, f, indent=2, default=str)
+            json.dump(_finite(data), f, indent=2, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import math
 import shlex
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ops import scratch
 from references.precision import computing_in, oracle
 from verify.cases import Case, dtype_of
+from verify.impl_loader import failure_site
 from verify.tolerances import Tolerance, dtype_key, lookup
 
 RATIO_CAP = 1 / 32  # max_error_ratio's bound is at most this fraction of max|oracle| (plus 1 ulp)
@@ -280,7 +280,7 @@ def judge(
     diff = torch.where(finite, diff, torch.zeros_like(diff))
     flat = int(diff.argmax())
     report.worst_index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), impl.shape))
-    report.max_abs, report.mean_abs = float(diff.max()), float(diff.mean())
+    report.max_abs, report.mean_abs = float(diff.max()), float(diff[finite].mean()) if finite.any() else 0.0
     report.impl_value, report.ref_value = a.flatten()[flat].item(), r.flatten()[flat].item()
 
     nonfinite = _nonfinite_problem(a, r)
@@ -446,9 +446,7 @@ def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
 
 def _raised(result: CheckResult, who: str, exc: BaseException) -> CheckResult:
     result.passed, result.raised_by, result.raised = False, who, exc
-    result.error = f"{who} raised {type(exc).__name__}: {exc}\n" + "".join(
-        traceback.format_exception(exc)[-3:]
-    )
+    result.error = f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)
     return result
 
 
@@ -479,8 +477,8 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     poison_scratch()
     try:
         with PoisonNewTensors():
-            impl_out = named_outputs(impl(*args, **_accepted(impl, kwargs)))
-            impl_out += _mutated(names, spec.mutates, args)
+            returned = impl(*args, **_accepted(impl, kwargs))
+        impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)
             _run_reference(spec, case, "reference")
@@ -508,8 +506,10 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         return _raised(result, "reference", exc)
     if len(impl_out) != len(ref_out):
         result.passed = False
-        got = "None" if not impl_out else f"{len(impl_out)} outputs"
-        result.error = f"implementation returned {got}, the reference {len(ref_out)} outputs"
+        got = "None" if returned is None else f"{len(named_outputs(returned))} outputs"
+        result.error = (
+            f"implementation returned {got}, the reference {len(ref_out) - len(spec.mutates)} outputs"
+        )
         return result
     tol = lookup(spec.tolerance, dtype_of(case.params))
     oracle_out = lowp_out = terms_out = None

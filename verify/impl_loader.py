@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,3 +70,20 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
                 f"{option}: {fn.__name__}({got}) takes {p.name!r} at position {i}; the {op} signature "
                 f"({', '.join(want)}) has it at {want.index(p.name)}"
             )
+
+
+# frames of Python's libraries and of this tool itself: not where an implementation went wrong
+_NOT_USER_CODE = (
+    *{sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")},
+    str(Path(__file__).parent),
+)
+
+
+def failure_site(exc: BaseException) -> str:
+    """Where an implementation failed, as traceback lines: its own deepest frame (outside Python's
+    libraries and this tool, so its line shows however deep the libraries it called went), the
+    frame that raised, and the exception."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not f.filename.startswith(_NOT_USER_CODE)]
+    shown = ([own[-1]] if own and own[-1] is not frames[-1] else []) + frames[-1:]
+    return "".join(traceback.format_list(shown) + traceback.format_exception_only(exc))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ class InjectedOpError(Exception):
 
     def __init__(self, message: str, cause: BaseException) -> None:
         super().__init__(message)
-        self.where = "".join(traceback.format_exception(cause)[-3:])
+        self.where = impl_loader.failure_site(cause)
 
 
 @dataclass(frozen=True)

@@ -77,10 +77,9 @@ def _coverage_lines(coverage) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verify.cli import environment_problem
+    from verify.cli import bad_environment
 
-    if (problem := environment_problem()) is not None:
-        print(f"verify.op: {problem}", file=sys.stderr)
+    if bad_environment("verify.op"):
         return 2
     args = _parser().parse_args(argv)
     from hypothesis import settings

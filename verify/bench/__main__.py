@@ -26,10 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         what = "a suite is required" if not argv else f"unknown suite {argv[0]!r}"
         print(f"python -m verify.bench: error: {what}; expected one of {', '.join(SUITES)}", file=sys.stderr)
         return 2
-    from verify.cli import environment_problem
+    from verify.cli import bad_environment
 
-    if (problem := environment_problem()) is not None:
-        print(f"python -m verify.bench: {problem}", file=sys.stderr)
+    if bad_environment("python -m verify.bench"):
         return 2
     module = importlib.import_module(f"verify.bench.{argv[0]}")
     return module.main(argv[1:])
