@@ -449,9 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         "not judged)"
     )
     for inj in injections:
-        print(
-            f"  injected: {inj.op} = {inj.impl_spec} in layers {'all' if inj.layers is None else inj.layers}"
-        )
+        print(f"  injected: {inj.op} = {inj.impl_spec} in layers {inj.layer_spec}")
     try:
         with torch.no_grad():
             _walk(args, models, free, lowp, factor, save_dir, impl_specs, report, device)

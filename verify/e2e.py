@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 import os
 import sys
 import time
@@ -72,11 +71,11 @@ def compare(
     ref_logits: torch.Tensor,
     ref_token: int,
     tie_tolerance: float,
-    drift_tolerance: float = math.inf,
+    drift_tolerance: float | None = None,
 ) -> Comparison:
     """Same token: ok. Another token the reference scores within ``tie_tolerance`` of its best: a
     near-tie (the noise can flip it). Another token, or a NaN or inf logit: a divergence. Either of
-    the first two with a logit off by more than ``drift_tolerance``: a drift."""
+    the first two with a logit off by more than ``drift_tolerance`` (None: no drift check): a drift."""
     ref = ref_logits.float()
     token = int(torch.argmax(logits))
     k = min(TOP_K, ref.numel())
@@ -85,7 +84,7 @@ def compare(
     flipped = token != ref_token and float(ref[ref_token] - ref[token]) > tie_tolerance
     if flipped or not bool(torch.isfinite(logits).all()):
         verdict = "DIVERGES"
-    elif diff > drift_tolerance:
+    elif drift_tolerance is not None and diff > drift_tolerance:
         verdict = "DRIFTS"
     else:
         verdict = "ok" if token == ref_token else "near-tie"
@@ -160,7 +159,7 @@ def run(
     hf = HFModel(models.directory, prompt.device) if "hf" in against else None  # first: it may fail
     noise = logits_noise(models, prompt)
     tie_tol = tie_factor * noise
-    drift_tol = drift_factor * noise if noise > 0 else math.inf
+    drift_tol = drift_factor * noise if noise > 0 else None
     length = prompt.shape[1]
     runner = DecodeRunner(models.triton, batch=1)
     ref_logits = prefill(models.reference, prompt)
@@ -191,7 +190,7 @@ def run(
         "bf16_logits_noise": noise,
         "near_tie_tolerance": tie_tol,
         "near_tie_factor": tie_factor,
-        "drift_tolerance": drift_tol if noise > 0 else None,
+        "drift_tolerance": drift_tol,
         "drift_factor": drift_factor,
         "decode": "cuda graph" if runner.graph is not None else "static buffers, uncaptured",
     }
@@ -371,9 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.new_tokens} new"
     )
     for inj in injections:
-        print(
-            f"  injected: {inj.op} = {inj.impl_spec} in layers {'all' if inj.layers is None else inj.layers}"
-        )
+        print(f"  injected: {inj.op} = {inj.impl_spec} in layers {inj.layer_spec}")
     print(_header(names))
     run_json = {
         "model": str(models.directory),

@@ -43,13 +43,14 @@ class Injection:
     impl_spec: str
     layers: tuple[int, ...] | None  # None: all layers
 
+    @property
+    def layer_spec(self) -> str | list[int]:
+        """The layers as the reports print them: "all" or the numbers."""
+        return "all" if self.layers is None else list(self.layers)
+
     def as_json(self) -> dict:
         """As the JSON reports record it: a report from an injected run says so."""
-        return {
-            "op": self.op,
-            "impl": self.impl_spec,
-            "layers": "all" if self.layers is None else list(self.layers),
-        }
+        return {"op": self.op, "impl": self.impl_spec, "layers": self.layer_spec}
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,8 +20,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def _parser() -> argparse.ArgumentParser:
     from verify.cli import EPILOG, positive_int
+    from verify.profiles import NAMES
 
-    profiles = " HYPOTHESIS_PROFILE=ci|gpu|thorough sets how many cases are drawn (default: ci, gpu on cuda)."
+    profiles = (
+        f" HYPOTHESIS_PROFILE={'|'.join(NAMES)} sets how many cases are drawn (default: ci, gpu on cuda)."
+    )
     p = argparse.ArgumentParser(
         prog="python -m verify.op",
         description=" ".join(__doc__.split("\n\n")[0].split()),
@@ -46,26 +49,23 @@ def _list_ops(json_path: str | None) -> int:
     from verify import cli
     from verify.tolerances import rule
 
-    specs = registry.all()
+    listed = [
+        {
+            "op": s.name,
+            "article_ops": list(s.article_ops),
+            "rule": rule(s.tolerance),
+            "mutates": list(s.mutates),
+        }
+        for s in registry.all()
+    ]
     rows = [
-        (s.name, ", ".join(str(o) for o in s.article_ops), rule(s.tolerance), ", ".join(s.mutates) or "-")
-        for s in specs
+        (r["op"], ", ".join(map(str, r["article_ops"])), r["rule"], ", ".join(r["mutates"]) or "-")
+        for r in listed
     ]
     widths = [max(len(r[i]) for r in [("op", "article ops", "rule", "mutates"), *rows]) for i in range(3)]
     for name, ops, kind, mutates in [("op", "article ops", "rule", "mutates"), *rows]:
         print(f"{name:<{widths[0]}}  {ops:<{widths[1]}}  {kind:<{widths[2]}}  {mutates}")
-    cli.write_json(
-        json_path,
-        [
-            {
-                "op": s.name,
-                "article_ops": list(s.article_ops),
-                "rule": rule(s.tolerance),
-                "mutates": list(s.mutates),
-            }
-            for s in specs
-        ],
-    )
+    cli.write_json(json_path, listed)
     return 0
 
 
