@@ -20,7 +20,10 @@ and ``tl.clamp`` is ``min(max(x, lo), hi)`` built from those.
 
 Set ``TRITON_INTERPRET=1`` before kernels are decorated with ``@triton.jit``; compiled GPU kernels
 are unaffected. numpy >= 2.4 breaks the interpreter's scalar conversion (upstream issue #9171), so
-``install()`` refuses to run there; the project pins ``numpy<2.4``.
+``install()`` refuses to run there; the project pins ``numpy<2.4``. The patches wrap 3.6's interpreter
+internals, so ``install()`` refuses other Triton releases too (3.9's interpreter, for one, tags a
+comparison's result with its operands' dtype, so a mask built from a scalar comparison cannot be
+stored); the project pins ``triton<3.7``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import triton
 import triton.language as tl
 from triton._C.libtriton import ir
 from triton.runtime.interpreter import InterpreterBuilder, ReduceOps, ScanOps, TensorHandle
@@ -38,6 +42,7 @@ __all__ = ["install", "installed"]
 
 _MARKER = "_bf16_compat_installed"  # set on InterpreterBuilder, so a reloaded module sees it too
 _FP32_MAX = np.finfo(np.float32).max
+TESTED_TRITON = (3, 6)  # the release whose interpreter internals the patches below wrap
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,9 +295,19 @@ def _check_numpy() -> None:
         )
 
 
+def _check_triton() -> None:
+    if tuple(int(part) for part in triton.__version__.split(".")[:2]) != TESTED_TRITON:
+        raise RuntimeError(
+            f"triton {triton.__version__} is installed, but the interpreter backend is patched and "
+            f"tested for Triton {TESTED_TRITON[0]}.{TESTED_TRITON[1]} (the GPU image's release); "
+            "install triton==3.6.* or run on a GPU (the project pins triton<3.7)."
+        )
+
+
 def install() -> None:
     """Patch triton.runtime.interpreter so bf16 is computed as on the GPU. Idempotent."""
     _check_numpy()
+    _check_triton()
     if installed():
         return
     builder = InterpreterBuilder

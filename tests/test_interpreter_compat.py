@@ -235,6 +235,13 @@ def test_install_refuses_numpy_2_4(monkeypatch: pytest.MonkeyPatch) -> None:
         install()
 
 
+@pytest.mark.parametrize("version", ["3.5.1", "3.9.0"])
+def test_install_refuses_another_triton_release(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    monkeypatch.setattr(triton, "__version__", version)
+    with pytest.raises(RuntimeError, match=rf"triton {version} is installed.*triton==3\.6"):
+        install()
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy warns on x / 0 in the stock fp32 path
 def test_add_sub_mul_div_mod_neg() -> None:
     x = with_random_tail([2.5, 0.0, -0.0, INF, -INF, NAN, 1.0, 3e38, 1e-38, -7.0, 1.0], seed=0)
