@@ -6,6 +6,10 @@ are the real ones) into a local cache. Random weights would make greedy token pa
 their top-1/top-2 logit gaps are as small as bf16 noise. So the build trains the model briefly,
 on CPU in fp32, deterministically, on a copy task (a random segment repeated), after which it
 continues a repetition with confident predictions; ``BUILD.json`` records the margins it reaches.
+The build repeats bit for bit on one machine; torch's CPU kernels differ by instruction set, so on
+another CPU it can end at slightly different weights (two builds of 2026-11-30: the same margin
+at the default prompt's first step, 7.09 and 7.69 at its second). Tests rest on the margins, not
+on the bytes.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ops import elementwise, gemm, norm, rope_kv_store, scratch, validate
+from ops import elementwise, gemm, gemm_config, norm, rope_kv_store, scratch, validate
 
 
 def _intermediate(
@@ -43,11 +43,11 @@ def _intermediate(
     )
 
 
-def _fused_config(m: int, n: int, k: int) -> gemm.GemmConfig | None:
+def _fused_config(m: int, n: int, k: int) -> gemm_config.GemmConfig | None:
     """The gemv config ``linear`` uses for this shape, or None where the op runs composed."""
     if m == 0 or n == 0 or k == 0:
         return None
-    config = gemm.table_config(m, n, k)
+    config = gemm_config.table_config(m, n, k)
     return config if config.kernel == "gemv" else None
 
 
@@ -55,7 +55,7 @@ def _project(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    config: gemm.GemmConfig,
+    config: gemm_config.GemmConfig,
     y: torch.Tensor,
     prologue: gemm.Prologue,
     epilogue: str | gemm.RopeArgs = "none",

@@ -31,8 +31,6 @@ rounding to the output dtype.
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,12 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import backend, pdl, scratch, validate
+from ops import pdl, scratch, validate
+from ops.gemm_config import GEMV_MAX_M, MAX_SPLIT_K, GemmConfig, config_for, default_config, table_config
 
-KERNELS = ("gemv", "tiled")
-GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
-MAX_SPLIT_K = 64  # the reduce unrolls over the splits
-SMS = 132  # H200 streaming multiprocessors: sizes the default split-K
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use: bounds the pipeline depth
 MAX_NORM_BLOCK = 4096  # the norm prologue reads a row of up to this many in one step, longer in steps
 
@@ -438,198 +433,6 @@ def _splitk_reduce_kernel(
 REDUCE_BLOCK_N = 256
 
 
-# ---- configs -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """One fixed launch configuration.
-
-    ``kernel`` is ``"gemv"`` (M <= 4; ``block_m`` is ignored, the kernel takes
-    ``next_power_of_2(M)`` rows) or ``"tiled"``. ``num_stages`` pipelines the K loop's loads.
-    ``split_k`` > 1 writes fp32 partials and adds a reduce launch.
-    """
-
-    kernel: str
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    group_m: int = 8
-
-    def __post_init__(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ValueError(f"config.kernel: expected one of {KERNELS}, got {self.kernel!r}")
-        for name in ("block_m", "block_n", "block_k", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"config.{name}: expected a power of two, got {value}")
-        if not 1 <= self.split_k <= MAX_SPLIT_K:
-            raise ValueError(f"config.split_k: expected 1..{MAX_SPLIT_K}, got {self.split_k}")
-
-    def replace(self, **changes: int | str) -> GemmConfig:
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def parse(cls, text: str) -> GemmConfig:
-        """The config :meth:`describe` writes, e.g. ``"gemv n8 k512 w4 s4"``."""
-        match = _DESCRIBED.fullmatch(text.strip())
-        if match is None:
-            raise ValueError(
-                f"config {text!r}: expected e.g. 'gemv n8 k512 w4 s4' or 'tiled 64x128 k64 splitK2 w4 s3'"
-            )
-        g = {name: int(value) for name, value in match.groupdict().items() if value is not None}
-        kernel, block_m = ("gemv", 1) if "gemv_n" in g else ("tiled", g["m"])
-        block_n = g.get("gemv_n") or g["n"]
-        return cls(kernel, block_m, block_n, g["k"], g.get("split", 1), g["w"], g["s"])
-
-    def describe(self) -> str:
-        tile = f"n{self.block_n}" if self.kernel == "gemv" else f"{self.block_m}x{self.block_n}"
-        split = f" splitK{self.split_k}" if self.split_k > 1 else ""
-        return f"{self.kernel} {tile} k{self.block_k}{split} w{self.num_warps} s{self.num_stages}"
-
-
-_DESCRIBED = re.compile(
-    r"(?:gemv n(?P<gemv_n>\d+)|tiled (?P<m>\d+)x(?P<n>\d+))"
-    r" k(?P<k>\d+)(?: splitK(?P<split>\d+))? w(?P<w>\d+) s(?P<s>\d+)"
-)  # what GemmConfig.describe writes
-
-# A shape's M is looked up as the first bucket >= M (4096 stands for every M above 256).
-M_BUCKETS = (1, 4, 16, 64, 256, 4096)
-
-
-def m_bucket(m: int) -> int:
-    return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
-
-
-def gemv_config(n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
-    """The M=1 path: ``n`` outputs a program, the weight read in ``k``-wide chunks."""
-    return GemmConfig("gemv", 1, n, k, split, w, s)
-
-
-def tiled_config(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3) -> GemmConfig:
-    """The tiled path: ``[m, n]`` output tiles, ``k``-wide steps."""
-    return GemmConfig("tiled", m, n, k, split, w, s)
-
-
-# (M bucket, N, K) -> config for every projection of the article config, Qwen3-0.6B and
-# Qwen2.5-0.5B, decode (M=1) and prefill (M=256), each picked by measurement on the H200 (the
-# comments below say how). Shapes it does not list get ``default_config``'s guesses, made
-# before any measurement (132 SMs, ~4.3 TB/s, ~790 TFLOP/s bf16):
-# Decode guesses: K <= 1024 is read in one BLOCK_K step with plain 16-byte loads (num_stages=1:
-# nothing to pipeline), so all of a program's weight bytes are in flight at once; small N gets
-# BLOCK_N=4 (N=1024 -> 256 programs, ~2 per SM); long K loops with cp.async pipelining
-# (3 stages of 4 x 512 per program keep ~3 MB in flight GPU-wide, the bandwidth x latency
-# product), or splits K when N alone gives too few programs.
-# Prefill guesses: 128x128 tiles where they give >= ~130 tiles, else 64-wide tiles or split-K.
-CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
-    # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
-    # 2026-11-29 (each config checked against torch before it was timed; M=1 timed as graph
-    # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's, without PDL.
-    # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl): in a chain of the same
-    # projection these picks take qkv 2.70, o 2.53, gate_up 8.02, down 5.56, lm_head 75.28 us;
-    # the sweep's own winners (qkv/o gemv n4 k1024 w4, gate_up n16 k512 w4 s3) were within 0.07
-    # us of them there but made the decode step slower (0.934 vs 0.899 ms/token, in two runs);
-    # that was before one-step gemvs ran straight-line (below: gate_up and qkv now one step).
-    # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
-    # qkv at 4 outputs a program (the sweep's pick with PDL): 0.842 vs 0.853 and 0.841 vs 0.854
-    # ms/token beside the n2 w2 pick in two calls (3 and 5 timings); o_proj the same, no gain
-    (1, 1536, 1024): gemv_config(4, 1024, 1, 4, 1),  # qkv_proj
-    (256, 1536, 1024): tiled_config(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
-    (1, 1024, 1024): gemv_config(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
-    (256, 1024, 1024): tiled_config(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
-    # gate_up in one K step (the straight-line path: 75 registers, 6 programs per SM, against 117
-    # and 4 for the pipelined n8 k512 s4 the sweep chose at 8.33 us): in one call, 3 decode-step
-    # timings each, 0.856 ms/token vs 0.944 with the pipelined one (H200, 2026-11-30)
-    (1, 9728, 1024): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj
-    (256, 9728, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
-    # down at 2 warps, 256-wide chunks 8 deep (K = 4864 and 3072 are whole chunks: no masked tail
-    # step), against the n2/n8 k512 w4 s4 and n4 k512 w4 s3 before it, in the decode step (H200,
-    # 2026-11-30): article 0.681 and 0.682 vs 0.693 and 0.694 ms/token (against a copy, same
-    # call); in one process Qwen2.5 shape 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740
-    (1, 1024, 4864): gemv_config(2, 256, 1, 2, 8),  # down_proj
-    (256, 1024, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
-    (1, 151936, 1024): gemv_config(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
-    (256, 151936, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
-    # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
-    (1, 4096, 1024): gemv_config(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
-    (256, 4096, 1024): tiled_config(64, 128, 64, 1, 4, 4),  # qkv_proj 7.81 us, cuBLAS 6.37 us
-    # (in the Qwen3 step, 2026-11-30, one process: this table 0.733 ms/token; o_proj n2 k256 w2 s8
-    # 0.750, n2 k512 w2 s4 0.743, n4 k256 w2 s8 0.745; qkv n8 k1024 0.749, n2 k1024 w2 0.759)
-    (1, 1024, 2048): gemv_config(2, 1024, 1, 2, 1),  # o_proj 3.87 us, cuBLAS 12.78 us
-    (256, 1024, 2048): tiled_config(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
-    (1, 6144, 1024): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.813 vs 0.870 ms/token
-    (256, 6144, 1024): tiled_config(128, 128, 64, 1, 4, 4),  # gate_up_proj 9.61 us, cuBLAS 7.88 us
-    (1, 1024, 3072): gemv_config(2, 256, 1, 2, 8),  # down_proj
-    (256, 1024, 3072): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 9.50 us, cuBLAS 7.85 us
-    # Qwen2.5-0.5B: hidden 896, heads 14/2 x 64, intermediate 4864, QKV bias
-    # qkv at 4 outputs a program as the article's (2 rotation pairs): 0.614 vs 0.623 ms/token in
-    # one process (H200, 2026-11-30); o_proj at 2 outputs 0.624, lm_head n16 k256 0.627: not kept
-    (1, 1152, 896): gemv_config(4, 1024, 1, 4, 1),  # qkv_proj
-    (256, 1152, 896): tiled_config(64, 64, 128, 1, 4, 3),  # qkv_proj 5.81 us, cuBLAS 5.05 us
-    (1, 896, 896): gemv_config(4, 1024, 1, 4, 2),  # o_proj 2.71 us, cuBLAS 4.68 us
-    (256, 896, 896): tiled_config(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
-    (1, 9728, 896): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.699 vs 0.798 ms/token
-    (256, 9728, 896): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us
-    (1, 896, 4864): gemv_config(2, 256, 1, 2, 8),  # down_proj
-    (256, 896, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.47 us, cuBLAS 10.45 us
-    (1, 151936, 896): gemv_config(32, 256, 1, 4, 4),  # lm_head 71.47 us, cuBLAS 68.62 us
-    (256, 151936, 896): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 133.55 us, cuBLAS 106.37 us
-}
-
-
-def _fill_split(programs: int, k: int, block_k: int) -> int:
-    """The smallest power-of-two split that gives ~2 programs per SM, keeping >= 2 K blocks per split."""
-    split = 1
-    while split * 2 <= 8 and programs * split < 2 * SMS and k >= split * 4 * block_k:
-        split *= 2
-    return split
-
-
-def default_config(m: int, n: int, k: int) -> GemmConfig:
-    """A reasonable config for a shape the table does not list."""
-    if m <= GEMV_MAX_M:
-        block_n = 4 if n <= 2048 else 8 if n <= 16384 else 16
-        # the per-step product is [rows, BLOCK_N, BLOCK_K]: fewer K per step for more rows
-        widest = 1024 if k <= 1024 else 512
-        if backend.is_interpreter():  # CPU sizes (K <= 160) still walk several chunks, or split
-            widest = 64
-        block_k = widest // triton.next_power_of_2(max(m, 1))
-        stages = 1 if k <= block_k else 3  # one K step: nothing to pipeline, plain wide loads
-        return gemv_config(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)
-    if m <= 64:  # skinny: a 16..64-row tile, split K to fill the GPU
-        block_m = max(16, triton.next_power_of_2(m))
-        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 64)
-        return tiled_config(block_m, 64, 128, _fill_split(tiles, k, 128), 4, 4)
-    if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= SMS:
-        return tiled_config(128, 128, 64, 1, 8, 3)
-    tiles = triton.cdiv(m, 64) * triton.cdiv(n, 64)
-    return tiled_config(64, 64, 64, _fill_split(tiles, k, 64), 4, 4)
-
-
-def config_for(m: int, n: int, k: int) -> GemmConfig:
-    """The table's config for ``(m_bucket(m), n, k)``, else :func:`default_config`."""
-    return CONFIGS.get((m_bucket(m), n, k)) or default_config(m, n, k)
-
-
-def table_config(m: int, n: int, k: int) -> GemmConfig:
-    """What ``linear`` launches for this shape: :func:`config_for`, split no finer than K's blocks."""
-    config = config_for(m, n, k)
-    split = min(config.split_k, max(1, triton.cdiv(k, config.block_k)))
-    return config if split == config.split_k else config.replace(split_k=split)
-
-
-def partials_shape(m: int, n: int, k: int) -> tuple[int, int, int] | None:
-    """The fp32 partials buffer ``linear`` needs for this shape (None: its config does not split K).
-
-    A caller may allocate it and pass it as ``partials=``; otherwise ``linear`` uses its workspace.
-    """
-    split = table_config(m, n, k).split_k
-    return (split, m, n) if split > 1 else None
-
-
 # ---- wrappers ----------------------------------------------------------------------------------
 
 
@@ -929,7 +732,7 @@ def linear(
 ) -> torch.Tensor:
     """``x[M, K] @ weight[N, K].T + bias[N]`` in fp32, rounded once, with the table's config.
 
-    ``partials``: the fp32 split-K buffer of shape :func:`partials_shape`, used only when the
+    ``partials``: the fp32 split-K buffer of shape :func:`ops.gemm_config.partials_shape`, used only when the
     shape's config splits K; without it a per-shape workspace is used, so after one warm-up call
     a CUDA Graph capture of ``linear`` allocates nothing either way.
     """

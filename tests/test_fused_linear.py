@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import registry
-from ops import backend, fused_linear, gemm, scratch
-from ops.gemm import GemmConfig
+from ops import backend, fused_linear, gemm, gemm_config, scratch
+from ops.gemm_config import GemmConfig
 from ops.rope_kv_store import rope_kv_store
 from verify import limits
 from verify.bench.model import gemm_overrides
@@ -25,7 +25,7 @@ FUSED_OPS = ["add_rms_norm_linear", "add_rms_norm_linear_silu_mul"]
 
 def _table_key(op: str, m: int, n: int, k: int) -> tuple[int, int, int]:
     """The GEMM table entry the op looks up: the SwiGLU epilogue's weight has 2N rows."""
-    return gemm.m_bucket(m), 2 * n if op == "add_rms_norm_linear_silu_mul" else n, k
+    return gemm_config.m_bucket(m), 2 * n if op == "add_rms_norm_linear_silu_mul" else n, k
 
 
 CONFIGS = [
@@ -49,7 +49,7 @@ def test_fused_gemv_paths_match_reference(
     monkeypatch: pytest.MonkeyPatch, op: str, config: GemmConfig, shape: tuple
 ) -> None:
     m, n, k, dtype = shape
-    monkeypatch.setitem(gemm.CONFIGS, _table_key(op, m, n, k), config)
+    monkeypatch.setitem(gemm_config.CONFIGS, _table_key(op, m, n, k), config)
     spec = registry.get(op)
     case = spec.build({**spec.typical, "m": m, "n": n, "k": k, "dtype": dtype}, DEVICE)
     result = check(spec, case)
@@ -61,7 +61,7 @@ def test_prefill_sizes_run_composed_through_one_reused_scratch(monkeypatch: pyte
     monkeypatch.setattr(scratch, "_buffers", {})
     spec = registry.get("add_rms_norm_linear")
     case = spec.build({**spec.typical, "m": 9}, DEVICE)
-    assert gemm.table_config(9, 65, 129).kernel == "tiled"
+    assert gemm_config.table_config(9, 65, 129).kernel == "tiled"
     for _ in range(2):
         result = check(spec, case)
         assert result.passed, result.describe()
@@ -70,7 +70,9 @@ def test_prefill_sizes_run_composed_through_one_reused_scratch(monkeypatch: pyte
 
 def test_norm_prologue_walks_rows_longer_than_its_block(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gemm, "MAX_NORM_BLOCK", 32)
-    monkeypatch.setitem(gemm.CONFIGS, (1, 65, 129), GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2))
+    monkeypatch.setitem(
+        gemm_config.CONFIGS, (1, 65, 129), GemmConfig("gemv", 1, 8, 64, split_k=3, num_stages=2)
+    )
     spec = registry.get("add_rms_norm_linear")
     result = check(spec, spec.build({**spec.typical, "m": 1}, DEVICE))
     assert result.passed, result.describe()
@@ -120,7 +122,7 @@ def _rope_params(b: int, s: int, heads: tuple[int, int, int], k: int, dtype: str
 
 def _rope_table_key(params: dict) -> tuple[int, int, int]:
     rows = params["kv_heads"] * (params["group"] + 2) * params["head_dim"]
-    return gemm.m_bucket(params["b"] * params["m"]), rows, params["k"]
+    return gemm_config.m_bucket(params["b"] * params["m"]), rows, params["k"]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=GemmConfig.describe)
@@ -131,7 +133,7 @@ def test_rope_epilogue_on_every_gemv_path(
     """RoPE and the cache write in the QKV gemv's epilogue (split-K configs run unsplit), rows past
     the cache capacity dropped."""
     params = _rope_params(*shape)
-    monkeypatch.setitem(gemm.CONFIGS, _rope_table_key(params), config)
+    monkeypatch.setitem(gemm_config.CONFIGS, _rope_table_key(params), config)
     spec = registry.get(ROPE_OP)
     result = check(spec, spec.build(params, DEVICE))
     assert result.passed, result.describe()
@@ -141,7 +143,9 @@ def test_rope_epilogue_equals_the_two_ops_it_fuses(monkeypatch: pytest.MonkeyPat
     """Bit for bit what ``add_rms_norm_linear`` then ``rope_kv_store`` compute on the same config:
     the pairing, the bias per row and the cache rows are exact, not merely within tolerance."""
     params = _rope_params(2, 1, (2, 3, 16), 129, "bfloat16", True)
-    monkeypatch.setitem(gemm.CONFIGS, _rope_table_key(params), GemmConfig("gemv", 1, 4, 64, num_stages=2))
+    monkeypatch.setitem(
+        gemm_config.CONFIGS, _rope_table_key(params), GemmConfig("gemv", 1, 4, 64, num_stages=2)
+    )
     case = registry.get(ROPE_OP).build(params, DEVICE)
     x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, start_pos = case.args
     k_want, v_want = k_cache.clone(), v_cache.clone()

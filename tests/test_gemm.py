@@ -11,8 +11,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import registry
-from ops import backend, gemm, scratch
-from ops.gemm import GemmConfig
+from ops import backend, gemm, gemm_config, scratch
+from ops.gemm_config import GemmConfig
 from verify import limits
 from verify.compare import check
 from verify.strategies.gemm import MODEL_PROJECTIONS
@@ -51,7 +51,7 @@ PATHS = [
     pytest.param(config, shape, id=f"{config.describe()}-M{shape[0]}-N{shape[1]}-K{shape[2]}")
     for config in CONFIGS
     for shape in SHAPES
-    if (config.kernel == "tiled" or shape[0] <= gemm.GEMV_MAX_M)
+    if (config.kernel == "tiled" or shape[0] <= gemm_config.GEMV_MAX_M)
 ]
 
 
@@ -59,6 +59,21 @@ PATHS = [
 def test_every_kernel_path_matches_reference(config: GemmConfig, shape: tuple) -> None:
     m, n, k, extra = shape
     case = _linear_case(m, n, k, **extra)
+    result = check(LINEAR, case, lambda x, w, b: gemm.launch(x, w, b, config))
+    assert result.passed, result.describe()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "config", [GemmConfig("tiled", 16, 16, 16), GemmConfig("gemv", 1, 16, 16)], ids=GemmConfig.describe
+)
+def test_accumulates_in_fp32_over_many_k_blocks(config: GemmConfig, dtype: str) -> None:
+    """256 K blocks: an accumulator rounded to bf16/fp16 after each block fails the tolerance
+    (the strategies' CPU sizes, K <= 160 in 64-128-wide blocks, round it only a few times, within
+    it; a mutation run planted that bug in the tiled kernel and every other test passed; the gemv's
+    per-lane sums need K = 4096 before bf16 rounding shows)."""
+    m = 5 if config.kernel == "tiled" else 1
+    case = _linear_case(m, 16, 4096, bias=False, x_layout="contiguous", w_layout="contiguous", dtype=dtype)
     result = check(LINEAR, case, lambda x, w, b: gemm.launch(x, w, b, config))
     assert result.passed, result.describe()
 
@@ -120,7 +135,7 @@ def test_preallocated_partials_are_used() -> None:
 
 
 def test_linear_without_partials_reuses_one_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(gemm.CONFIGS, (1, 65, 129), GemmConfig("gemv", 1, 8, 32, split_k=3))
+    monkeypatch.setitem(gemm_config.CONFIGS, (1, 65, 129), GemmConfig("gemv", 1, 8, 32, split_k=3))
     monkeypatch.setattr(scratch, "_buffers", {})
     case = _linear_case(1, 65, 129, bias=True)
     for _ in range(2):
@@ -131,9 +146,9 @@ def test_linear_without_partials_reuses_one_workspace(monkeypatch: pytest.Monkey
 
 def test_linear_follows_the_table_and_uses_its_partials(monkeypatch: pytest.MonkeyPatch) -> None:
     config = GemmConfig("gemv", 1, 8, 32, split_k=3)
-    monkeypatch.setitem(gemm.CONFIGS, (1, 65, 129), config)
-    assert gemm.config_for(1, 65, 129) == config
-    assert gemm.partials_shape(1, 65, 129) == (3, 1, 65)
+    monkeypatch.setitem(gemm_config.CONFIGS, (1, 65, 129), config)
+    assert gemm_config.config_for(1, 65, 129) == config
+    assert gemm_config.partials_shape(1, 65, 129) == (3, 1, 65)
     partials = torch.full((3, 1, 65), float("nan"), dtype=torch.float32, device=DEVICE)
     case = _linear_case(1, 65, 129, bias=True)
     result = check(LINEAR, case, lambda x, w, b: gemm.linear(x, w, b, partials=partials))
@@ -172,7 +187,7 @@ def test_shape_errors_say_what_was_expected() -> None:
 
 
 def test_m_buckets() -> None:
-    assert [gemm.m_bucket(m) for m in (1, 2, 4, 5, 16, 17, 64, 65, 256, 257, 10**6)] == [
+    assert [gemm_config.m_bucket(m) for m in (1, 2, 4, 5, 16, 17, 64, 65, 256, 257, 10**6)] == [
         1, 4, 4, 16, 16, 64, 64, 256, 256, 4096, 4096,
     ]  # fmt: skip
 
@@ -181,18 +196,20 @@ def test_m_buckets() -> None:
 def test_table_covers_every_model_projection(preset: str) -> None:
     for proj in MODEL_PROJECTIONS[preset]:
         for m in (1, 256):
-            assert (m, proj.n, proj.k) in gemm.CONFIGS, f"{preset} {proj.name} M={m} is not in the table"
-            config = gemm.config_for(m, proj.n, proj.k)
-            assert config is gemm.CONFIGS[(m, proj.n, proj.k)]
-            assert config.kernel == "tiled" or m <= gemm.GEMV_MAX_M
+            assert (m, proj.n, proj.k) in gemm_config.CONFIGS, (
+                f"{preset} {proj.name} M={m} is not in the table"
+            )
+            config = gemm_config.config_for(m, proj.n, proj.k)
+            assert config is gemm_config.CONFIGS[(m, proj.n, proj.k)]
+            assert config.kernel == "tiled" or m <= gemm_config.GEMV_MAX_M
 
 
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 16, 33, 64, 200, 1000])
 @pytest.mark.parametrize(("n", "k"), [(7, 9), (1000, 100), (1024, 4864), (3000, 50000), (151936, 896)])
 def test_default_config_is_valid(m: int, n: int, k: int) -> None:
-    config = gemm.default_config(m, n, k)
-    assert (config.kernel == "gemv") == (m <= gemm.GEMV_MAX_M)
-    launched = gemm.table_config(m, n, k)
+    config = gemm_config.default_config(m, n, k)
+    assert (config.kernel == "gemv") == (m <= gemm_config.GEMV_MAX_M)
+    launched = gemm_config.table_config(m, n, k)
     assert launched.split_k <= max(1, -(-k // launched.block_k)), "more splits than K blocks"
 
 
@@ -226,7 +243,7 @@ def test_cuda_graph_capture_allocates_nothing(m: int, n: int, k: int, own_partia
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    shape = gemm.partials_shape(m, n, k)
+    shape = gemm_config.partials_shape(m, n, k)
     partials = torch.empty(shape, device="cuda", dtype=torch.float32) if shape and own_partials else None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -252,15 +269,15 @@ def test_fp32_inputs_are_not_rounded_to_tf32() -> None:
     x = torch.randn(64, 4096, device="cuda", dtype=torch.float32)
     w = torch.randn(256, 4096, device="cuda", dtype=torch.float32)
     exact = x.double() @ w.double().T
-    for config in (gemm.default_config(64, 256, 4096), GemmConfig("tiled", 64, 64, 64, split_k=4)):
+    for config in (gemm_config.default_config(64, 256, 4096), GemmConfig("tiled", 64, 64, 64, split_k=4)):
         err = (gemm.launch(x, w, None, config).double() - exact).abs().max().item()
         assert err < 1e-3, f"{config.describe()}: error {err:.3g} (TF32 would give ~1e-1)"
 
 
 def test_config_descriptions_parse_back() -> None:
-    for config in gemm.CONFIGS.values():
-        assert gemm.GemmConfig.parse(config.describe()) == config
-    assert gemm.GemmConfig.parse("gemv n2 k512 splitK4 w4 s4").split_k == 4
+    for config in gemm_config.CONFIGS.values():
+        assert gemm_config.GemmConfig.parse(config.describe()) == config
+    assert gemm_config.GemmConfig.parse("gemv n2 k512 splitK4 w4 s4").split_k == 4
     for bad in (
         "gemv n8 k1024 w4 s2 p264",
         "gemv 8 k512 w4 s4",
@@ -269,9 +286,9 @@ def test_config_descriptions_parse_back() -> None:
         "tiled 64 k64 w4 s3",
     ):
         with pytest.raises(ValueError, match=r"expected e\.g\."):
-            gemm.GemmConfig.parse(bad)
+            gemm_config.GemmConfig.parse(bad)
     with pytest.raises(ValueError, match="power of two"):
-        gemm.GemmConfig.parse("gemv n3 k512 w4 s4")
+        gemm_config.GemmConfig.parse("gemv n3 k512 w4 s4")
 
 
 def test_fp32_floor_is_an_ulp_of_the_summed_terms_and_still_catches_a_dropped_term() -> None:

@@ -150,19 +150,21 @@ def test_e2e_exits_1_when_hf_disagrees(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -> None:
-    """The GQA bug flips no token in its first steps, but its logits drift far past the noise;
-    the report records the injection."""
+    """The GQA bug in layer 1 flips no token in its first steps (the logits move by 2-3, the
+    margins are ~7), but the logits drift past 8x the noise (~1); the report records the injection.
+    (In every layer the bug moves them by ~7 and flips the first token on some builds of the
+    embedded checkpoint: they differ slightly from one CPU to another.)"""
     report = tmp_path / "e2e.json"
     bug = "tests/buggy_ops.py:attention_gqa_tiled"
     run = cli(
-        "verify.e2e", "--new-tokens", "2", "--against", "reference", "--inject", f"attention={bug}@all",
+        "verify.e2e", "--new-tokens", "2", "--against", "reference", "--inject", f"attention={bug}@1",
         "--json", str(report),
     )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
     assert "triton: DRIFTS from step 0" in run.stdout
     data = json.loads(report.read_text())
     assert data["verdicts"] == {"triton": "DRIFTS"}
-    assert data["injected"] == [{"op": "attention", "impl": bug, "layers": "all"}]
+    assert data["injected"] == [{"op": "attention", "impl": bug, "layers": [1]}]
     assert [s["against"]["triton"]["token"] for s in data["steps"]] == [s["ref_token"] for s in data["steps"]]
 
 
@@ -517,25 +519,25 @@ def test_profile_step_order_gives_each_position_its_median_share() -> None:
 
 
 def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:
-    from ops import gemm
+    from ops import gemm_config
     from verify.bench.model import gemm_overrides, parse_overrides
 
     overrides = parse_overrides("9728x1024=gemv n8 k1024 w4 s1; 1024x4864=gemv n2 k512 splitK2 w4 s4")
     assert overrides == {
-        (1, 9728, 1024): gemm.GemmConfig("gemv", 1, 8, 1024, 1, 4, 1),
-        (1, 1024, 4864): gemm.GemmConfig("gemv", 1, 2, 512, 2, 4, 4),
+        (1, 9728, 1024): gemm_config.GemmConfig("gemv", 1, 8, 1024, 1, 4, 1),
+        (1, 1024, 4864): gemm_config.GemmConfig("gemv", 1, 2, 512, 2, 4, 4),
     }
     for bad, message in (("9728x1024=gemv n8", "expected e.g."), ("9728=gemv n8 k512 w4 s4", "NxK=CONFIG")):
         with pytest.raises(ValueError, match=message):
             parse_overrides(bad)
-    before = dict(gemm.CONFIGS)
+    before = dict(gemm_config.CONFIGS)
     with gemm_overrides(overrides):
-        assert gemm.table_config(1, 9728, 1024) == overrides[(1, 9728, 1024)]
-    assert before == gemm.CONFIGS
+        assert gemm_config.table_config(1, 9728, 1024) == overrides[(1, 9728, 1024)]
+    assert before == gemm_config.CONFIGS
 
 
-def test_sweep_writes_table_entries_as_ops_gemm_does() -> None:
-    from ops.gemm import GemmConfig
+def test_sweep_writes_table_entries_as_the_table_does() -> None:
+    from ops.gemm_config import GemmConfig
     from verify.bench.gemm import _config_source, candidates_for
 
     assert not any(c.kernel == "gemv" for c in candidates_for(256, 1024, 1024))  # prefill: tiled only

@@ -7,7 +7,7 @@ judged against the weight-read roofline (measured kernel-copy bandwidth), prefil
 measured dense bf16 matmul peak and cuBLAS.
 
 ``--sweep``: times a compact list of candidate configs per shape and prints the fastest as a
-ready-to-paste ``CONFIGS`` table for ``ops/gemm.py``.
+ready-to-paste ``CONFIGS`` table for ``ops/gemm_config.py``.
 
 Every config is checked against a torch fp32 matmul before it is timed, so a fast but wrong
 config cannot win. Everything is timed the way the model runs: many launches captured back to
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ops import gemm
-from ops.gemm import GemmConfig, gemv_config, tiled_config
+from ops import gemm, gemm_config
+from ops.gemm_config import GemmConfig, gemv_config, tiled_config
 from verify import cli
 from verify.bench import timing
 from verify.strategies.gemm import MODEL_PROJECTIONS, Projection
@@ -232,8 +232,8 @@ def _flipped(config: GemmConfig, n: int) -> tuple[str, GemmConfig]:
 
 def bench_problem(problem: Problem, roof: Roofline, replays: int) -> list[Row]:
     m, n, k = problem.m, problem.proj.n, problem.proj.k
-    table = gemm.table_config(m, n, k)
-    source = "table" if (gemm.m_bucket(m), n, k) in gemm.CONFIGS else "default"
+    table = gemm_config.table_config(m, n, k)
+    source = "table" if (gemm_config.m_bucket(m), n, k) in gemm_config.CONFIGS else "default"
     alt_name, alt = _flipped(table, n)
     rows = [
         measure(problem, "ours *", ours(problem, table), f"{table.describe()} ({source})", roof, replays),
@@ -361,8 +361,8 @@ def _unique_problems(presets: list[str], phases: list[int]) -> list[tuple[str, P
 
 def candidates_for(m: int, n: int, k: int) -> list[GemmConfig]:
     """The phase's candidates plus the table's current pick and the default, without duplicates."""
-    pool = [gemm.config_for(m, n, k), gemm.default_config(m, n, k)]
-    pool += DECODE_CANDIDATES if m <= gemm.GEMV_MAX_M else PREFILL_CANDIDATES
+    pool = [gemm_config.config_for(m, n, k), gemm_config.default_config(m, n, k)]
+    pool += DECODE_CANDIDATES if m <= gemm_config.GEMV_MAX_M else PREFILL_CANDIDATES
     out: list[GemmConfig] = []
     for config in pool:
         split = min(config.split_k, max(1, -(-k // config.block_k)))
@@ -392,7 +392,7 @@ def sweep_problem(preset: str, proj: Projection, m: int, roof: Roofline, replays
 
 
 def _config_source(config: GemmConfig) -> str:
-    """The config as the ``gemv_config(...)`` / ``tiled_config(...)`` call of ``ops/gemm.py``'s table."""
+    """The config as the ``gemv_config(...)`` / ``tiled_config(...)`` call of the table's source."""
     tail = f"{config.block_k}, {config.split_k}, {config.num_warps}, {config.num_stages}"
     if config.kernel == "gemv":
         return f"gemv_config({config.block_n}, {tail})"
@@ -427,7 +427,7 @@ def run_sweep(presets: list[str], replays: int, phases: list[int]) -> tuple[list
         results.append(r)
         ranked = sorted((row for row in r.rows if row.seconds), key=lambda row: row.seconds)
         wrong = [row for row in r.rows if not row.seconds]
-        current = gemm.table_config(m, proj.n, proj.k).describe()
+        current = gemm_config.table_config(m, proj.n, proj.k).describe()
         rank = next((i for i, row in enumerate(ranked) if row.config == current), None)
         where = f"rank {rank + 1}, {ranked[rank].seconds * 1e6:.2f} us" if rank is not None else "not timed"
         print(f"\n{r.shape} M={m}: {len(ranked)} timed, {len(wrong)} not (wrong or failed); ", end="")

@@ -26,7 +26,7 @@ from model import weights as model_weights
 from model.config import PRESETS, ModelConfig, to_hf_dict
 from model.decoder import Decoder
 from model.graph import DecodeRunner
-from ops import gemm
+from ops import gemm_config
 from references.precision import computing_in
 from verify import cli
 from verify.bench import timing
@@ -98,7 +98,7 @@ def roofline_seconds(config: ModelConfig, context: int, bandwidth: float) -> tup
     return total / bandwidth, total
 
 
-def parse_overrides(text: str) -> dict[tuple[int, int, int], gemm.GemmConfig]:
+def parse_overrides(text: str) -> dict[tuple[int, int, int], gemm_config.GemmConfig]:
     """``"9728x1024=gemv n8 k1024 w4 s1;1024x4864=..."``: decode (M=1) GEMM configs by ``N x K``."""
     overrides = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
@@ -108,23 +108,23 @@ def parse_overrides(text: str) -> dict[tuple[int, int, int], gemm.GemmConfig]:
             raise ValueError(
                 f"--try-config {part!r}: expected NxK=CONFIG, e.g. 9728x1024=gemv n8 k1024 w4 s1"
             )
-        overrides[(1, int(n), int(k))] = gemm.GemmConfig.parse(config)
+        overrides[(1, int(n), int(k))] = gemm_config.GemmConfig.parse(config)
     if not overrides:
         raise ValueError(f"--try-config {text!r}: no NxK=CONFIG in it")
     return overrides
 
 
 @contextlib.contextmanager
-def gemm_overrides(overrides: dict[tuple[int, int, int], gemm.GemmConfig]) -> Iterator[None]:
+def gemm_overrides(overrides: dict[tuple[int, int, int], gemm_config.GemmConfig]) -> Iterator[None]:
     """The GEMM config table with ``overrides`` in it, restored after (a graph captured inside
     keeps the configs it was captured with)."""
-    saved = dict(gemm.CONFIGS)
-    gemm.CONFIGS.update(overrides)
+    saved = dict(gemm_config.CONFIGS)
+    gemm_config.CONFIGS.update(overrides)
     try:
         yield
     finally:
-        gemm.CONFIGS.clear()
-        gemm.CONFIGS.update(saved)
+        gemm_config.CONFIGS.clear()
+        gemm_config.CONFIGS.update(saved)
 
 
 def busy_shares(intervals: list[tuple[float, float]]) -> list[float]:

@@ -93,12 +93,12 @@ def fits_dtype(params: dict) -> bool:
 
 def m_sizes(limits: Limits) -> st.SearchStrategy[int]:
     """Decode sizes half the time: 1..4 take the gemv path, 5 is the first the tiled kernel
-    takes (ops.gemm.GEMV_MAX_M); else any M up to the cap."""
+    takes (ops.gemm_config.GEMV_MAX_M); else any M up to the cap."""
     return st.one_of(st.sampled_from([1, 2, 3, 4, 5]), size(limits.gemm, AWKWARD))
 
 
 def split_counts(limits: Limits) -> st.SearchStrategy[int]:
-    """1..8 half the time, else past the reduce's first 8: up to ops.gemm.MAX_SPLIT_K (64) on the
+    """1..8 half the time, else past the reduce's first 8: up to ops.gemm_config.MAX_SPLIT_K (64) on the
     GPU, 31 on the interpreter, where every split is another pass over the programs."""
     return st.one_of(st.integers(1, 8), st.sampled_from([16, 31, 64] if limits.gemm >= 1024 else [16, 31]))
 
