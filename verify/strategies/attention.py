@@ -82,8 +82,11 @@ def _seq_lens(params: dict, gen: torch.Generator, device: torch.device) -> torch
     if kind == "ragged":  # row 0 the longest, the others anywhere in [S, longest]
         lens = torch.randint(s, longest + 1, (b,), generator=gen, device=device)
         lens[0] = longest
-    elif kind == "past_capacity":  # a device value past L: rows beyond L do not exist
-        lens = cap + torch.randint(1, 5, (b,), generator=gen, device=device)
+    elif kind == "past_capacity":  # a device value past L: rows beyond L do not exist. Just past
+        # L, or up to 600 rows past (beyond the longest decode tile, 256 rows at head_dim 16 on the
+        # GPU), so that the tile holding row L-1 looks full to a kernel that does not clamp to L
+        far = bool(torch.randint(0, 2, (), generator=gen, device=device))
+        lens = cap + torch.randint(1, 600 if far else 5, (b,), generator=gen, device=device)
     else:
         lens = torch.full((b,), longest, device=device)
     return lens.to(torch.int32)
@@ -179,6 +182,8 @@ ATTENTION_EXAMPLES = (
              lens="ragged", q_offset=1, gpu=False),
     _example("prefill S=129 (block tail), head_dim 16", 1, 1, 1, 16, 129, 0, 0, gpu=False),
     _example("decode, 7-way GQA, head_dim 64, ragged", 2, 2, 7, 64, 1, 90, 6, lens="ragged", gpu=False),
+    _example("decode, seq_lens past a capacity one short of a tile", 2, 1, 1, 16, 1, 14, 0,
+             lens="past_capacity", gpu=False),
     _example("chunked prefill, large scores", 1, 1, 4, 32, 20, 10, 2, scores="large", gpu=False),
     _example("article prefill S=256", 1, 2, 4, 128, 256, 0, 0, q_offset=2),
     _example("article prefill S=1024", 1, 2, 4, 128, 1024, 0, 0, q_offset=2),
