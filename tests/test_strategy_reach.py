@@ -30,7 +30,7 @@ FUSED_QKV_GROUPS = tuple(f"group {g}" for g in (1, 2, 4, 7, 8))
 STARTS = ("start zero", "start end", "start overflow")
 ROPE_KV_STORE = (
     "decode (S = 1)", "prefill (S > 1)", "qk-norm", "no qk-norm", "group 7", "group 8", "layout fused",
-    "rotary half",
+    "layout heads_padded", "rotary half",
 )  # fmt: skip
 
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -40,7 +40,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "add": SHAPES,
     "silu_mul": (*SHAPES, "large magnitude"),
     "rope_cos_sin": ("S = 1", "rotary_half tail", "long context position", "positions scattered"),
-    "apply_rope": ("S = 1", "D tail", "rotary half", "rotary quarter", "cos/sin sin_padded"),
+    "apply_rope": ("S = 1", "D tail", "rotary half", "rotary quarter", "cos/sin sin_padded", "heads padded"),
     "kv_cache_store": ("S = 1", "L = 1", *STARTS, "k/v qkv_slices"),
     "rope_kv_store": (*STARTS, *ROPE_KV_STORE),
     "argmax": ("B = 1", "V = 1", "pattern ties", "pattern nan", "pattern neg_inf"),

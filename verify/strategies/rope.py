@@ -15,6 +15,7 @@ HEAD_DIMS = (2, 4, 6, 16, 32, 34, 64, 96, 128, 256)
 BASES = (10000.0, 1000000.0, 500000.0)
 POSITIONS = ("consecutive", "scattered")
 ROTARY = ("full", "half", "quarter")  # the rotary dims: all of head_dim, half of it, a quarter
+HEAD_PADS = (0, 3)  # elements after each head's D: 3 gives head strides that are not D
 COS_SIN_DTYPES = ("float32",)  # rope_cos_sin's tables are fp32 (its tolerance has no other dtype)
 
 
@@ -90,6 +91,7 @@ def apply_rope_params(limits: Limits) -> st.SearchStrategy[dict]:
             "head_dim": st.sampled_from(HEAD_DIMS),
             "rotary": st.sampled_from(ROTARY),
             "head_offset": st.integers(0, 3),  # x starts this many heads into the fused QKV row
+            "head_pad": st.sampled_from(HEAD_PADS),  # each head's row padded: head stride D + pad
             "tables": st.sampled_from(TABLES),
             **common(),
         }
@@ -105,12 +107,15 @@ def rotary_dim_of(params: dict) -> int:
 def apply_rope_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     b, s, h, d, off = params["b"], params["s"], params["heads"], params["head_dim"], params["head_offset"]
-    qkv = values((b, s, off + h + 2, d), dtype_of(params), params["dist"], gen, device)
-    x = qkv[:, :, off : off + h]
+    pad = choice(params, "head_pad", HEAD_PADS, 0)
+    qkv = values((b, s, off + h + 2, d + pad), dtype_of(params), params["dist"], gen, device)
+    x = qkv[:, :, off : off + h, :d]
     tables = choice(params, "tables", TABLES, "shared")
     cos, sin = rope_tables(_positions(params, gen, device), rotary_dim_of(params), params["base"], tables)
     labels = labels_for(params, S=s, H=h, D=d)
     labels += [f"rotary {params['rotary']}", f"cos/sin {tables}", "non-contiguous"]
+    if pad:
+        labels.append("heads padded")
     return Case(params, (x, cos, sin), labels=tuple(labels))
 
 

@@ -27,7 +27,7 @@ from verify.strategies.rope import (
 
 # q, k, v: head slices of one QKV row (padded: a wider row), three contiguous tensors, or mixed
 # (k contiguous beside q and v slices, as the unfused model hands them over): k and v strides differ
-LAYOUTS = ("fused", "fused_padded", "separate", "mixed")
+LAYOUTS = ("fused", "fused_padded", "separate", "mixed", "heads_padded")
 
 
 def _budget(limits: Limits) -> int:
@@ -74,6 +74,9 @@ def _qkv(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torc
     dtype, dist, layout = dtype_of(params), params["dist"], choice(params, "layout", LAYOUTS)
     if layout == "separate":
         return tuple(values((b, s, h, d), dtype, dist, gen, device) for h in (hq, hkv, hkv))
+    if layout == "heads_padded":  # every head's row padded: head strides D + 3, not D
+        heads = values((b, s, hq + 2 * hkv, d + 3), dtype, dist, gen, device)[..., :d]
+        return heads[:, :, :hq], heads[:, :, hq : hq + hkv], heads[:, :, hq + hkv :]
     width = (hq + 2 * hkv) * d
     pad = 3 if layout == "fused_padded" else 0
     qkv = values((b * s, width + pad), dtype, dist, gen, device)[:, :width]
