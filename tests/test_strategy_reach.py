@@ -27,7 +27,7 @@ ATTENTION = (
     "stale cache rows past seq_len", "head_dim 64", "head_dim 128", "head_dim 256",
 )  # fmt: skip
 FUSED_QKV_GROUPS = tuple(f"group {g}" for g in (1, 2, 4, 7, 8))
-STARTS = ("start zero", "start end", "start overflow")
+STARTS = ("start zero", "start end", "start overflow", "start underflow")
 ROPE_KV_STORE = (
     "decode (S = 1)", "prefill (S > 1)", "qk-norm", "no qk-norm", "group 7", "group 8", "layout fused",
     "layout heads_padded", "rotary half",

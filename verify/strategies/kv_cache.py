@@ -13,7 +13,7 @@ from verify.strategies.common import Invalid, common, labels_for, replace
 
 # where each batch row's new tokens start: anywhere they fit, row 0, the cache's last rows, or
 # partly past the capacity (those rows must be dropped)
-STARTS = ("random", "zero", "end", "overflow")
+STARTS = ("random", "zero", "end", "overflow", "underflow")
 # k and v as head slices of one QKV row, or one of them contiguous (the unfused model hands over
 # a rotated, contiguous k beside a slice v): their strides then differ
 KV_LAYOUTS = ("qkv_slices", "k_contiguous", "v_contiguous")
@@ -44,6 +44,8 @@ def _starts(params: dict, gen: torch.Generator, device: torch.device) -> torch.T
         start = torch.full((b,), cap - s, device=device)
     elif starts == "overflow":  # some rows fall past the capacity and must be dropped
         start = torch.randint(max(0, cap - s), cap, (b,), generator=gen, device=device)
+    elif starts == "underflow":  # a negative start: the rows before row 0 must be dropped
+        start = torch.randint(-s, 0, (b,), generator=gen, device=device)
     else:
         start = torch.randint(0, cap - s + 1, (b,), generator=gen, device=device)
     return start.to(torch.int32)
