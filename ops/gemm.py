@@ -1,7 +1,7 @@
 """The decoder's projections: ``x @ weight.T (+ bias)`` (article ops 2, 10, 13, 14, 16, 21).
 
-Two kernels, one choice per shape, fixed ahead of time (no autotune: it would run inside
-CUDA Graph capture):
+Two kernels, one choice per shape, fixed ahead of time in ``ops.gemm_config`` (no autotune: it
+would run inside CUDA Graph capture):
 
 * ``tiled``: the Triton tutorial's matmul. Each program owns a BLOCK_M x BLOCK_N output tile
   and walks K with ``tl.dot``; tiles are visited in groups of GROUP_M rows so a strip of the

@@ -286,17 +286,19 @@ def _fast_path_in_fp32(method: Method) -> Method:
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_numpy() -> None:
-    major, minor = (int(part) for part in np.__version__.split(".")[:2])
-    if (major, minor) >= (2, 4):
+def _major_minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _check_versions() -> None:
+    """numpy 2.4 breaks the interpreter; another Triton release's interpreter has other internals."""
+    if _major_minor(np.__version__) >= (2, 4):
         raise RuntimeError(
             f"numpy {np.__version__} is installed, but numpy 2.4 breaks the Triton interpreter's scalar "
             "conversion (upstream triton issue 9171); install numpy<2.4 (the project pins numpy<2.4)."
         )
-
-
-def _check_triton() -> None:
-    if tuple(int(part) for part in triton.__version__.split(".")[:2]) != TESTED_TRITON:
+    if _major_minor(triton.__version__) != TESTED_TRITON:
         raise RuntimeError(
             f"triton {triton.__version__} is installed, but the interpreter backend is patched and "
             f"tested for Triton {TESTED_TRITON[0]}.{TESTED_TRITON[1]} (the GPU image's release); "
@@ -306,8 +308,7 @@ def _check_triton() -> None:
 
 def install() -> None:
     """Patch triton.runtime.interpreter so bf16 is computed as on the GPU. Idempotent."""
-    _check_numpy()
-    _check_triton()
+    _check_versions()
     if installed():
         return
     builder = InterpreterBuilder
