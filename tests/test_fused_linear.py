@@ -78,6 +78,55 @@ def test_norm_prologue_walks_rows_longer_than_its_block(monkeypatch: pytest.Monk
     assert result.passed, result.describe()
 
 
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
+
+
+def _ulps_from_a_midpoint(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """How far each (normal-range) ``v`` lies from the nearest rounding midpoint of ``dtype``, in ulps
+    (0 on a midpoint, 0.5 on a representable value)."""
+    ulp = torch.exp2(torch.floor(torch.log2(v.abs())) - MANTISSA_BITS[dtype])
+    return (torch.remainder(v.abs() / ulp, 1.0) - 0.5).abs()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("config", [None, *CONFIGS], ids=lambda c: c.describe() if c else "table")
+def test_norm_prologue_normalizes_the_rounded_sum(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, config: GemmConfig | None
+) -> None:
+    """The gemv prologue normalizes x + residual rounded to the input dtype, as add_rms_norm does.
+    Normalizing the unrounded fp32 sum is closer to the fp64 oracle, so no tolerance can catch it
+    (a kernel mutation run showed it passing everything else); a bitwise check can, on data where
+    reduction order and fp32 rounding cannot matter:
+
+    - |x| in 1.25..3.75 in steps of 1/16, residual a quarter ulp of 1 away from zero: the rounded
+      sum is x, the unrounded one is not;
+    - the squares' sum is exact in fp32 in any order, and every normalized value lies well off a
+      rounding midpoint of the dtype, so the kernel's fp32 rms cannot flip a rounding;
+    - the weight is the identity, so the GEMM (split or not) returns its normalized input exactly.
+    """
+    m, k, seed = 3, 64, 17  # the seed meets both preconditions asserted below in both dtypes
+    if config is not None:
+        monkeypatch.setitem(gemm_config.CONFIGS, _table_key("add_rms_norm_linear", m, k, k), config)
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = torch.randint(20, 61, (m, k), generator=gen).double() / 16
+    sign = torch.where(torch.rand(m, k, generator=gen) < 0.5, -1.0, 1.0).double()
+    x, residual = magnitude * sign, sign * torch.finfo(dtype).eps / 4
+
+    def normalized(total: torch.Tensor) -> torch.Tensor:
+        return total / torch.sqrt(total.square().mean(-1, keepdim=True) + 1e-6)
+
+    want, unrounded = normalized(x), normalized(x + residual)
+    assert _ulps_from_a_midpoint(want, dtype).min() > 0.005, "the seed puts a value near a midpoint"
+    assert not torch.equal(want.to(dtype), unrounded.to(dtype)), "the seed cannot tell the two apart"
+
+    x_in, r_in = (t.to(dtype).to(DEVICE) for t in (x, residual))
+    identity = torch.eye(k, dtype=dtype, device=DEVICE)
+    norm_weight = torch.ones(k, dtype=dtype, device=DEVICE)
+    y, total = fused_linear.add_rms_norm_linear(x_in, r_in, norm_weight, 1e-6, identity)
+    assert torch.equal(total.cpu().double(), x)
+    assert torch.equal(y.cpu(), want.to(dtype))
+
+
 @pytest.mark.parametrize("op", FUSED_OPS)
 @given(data=st.data())
 def test_one_step_gemv_prologues_on_drawn_cases(op: str, data: st.DataObject) -> None:

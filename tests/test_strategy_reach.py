@@ -27,10 +27,19 @@ ATTENTION = (
     "stale cache rows past seq_len", "head_dim 64", "head_dim 128", "head_dim 256",
 )  # fmt: skip
 FUSED_QKV_GROUPS = tuple(f"group {g}" for g in (1, 2, 4, 7, 8))
+ROPE_COS_SIN = (
+    "S = 1", "rotary_half tail", "long context position", "positions scattered",
+    "positions strided along S",
+)  # fmt: skip
+APPLY_ROPE = (
+    "S = 1", "D tail", "rotary half", "rotary quarter", "cos/sin sin_padded", "cos/sin seq_slice",
+    "heads padded",
+)  # fmt: skip
 STARTS = ("start zero", "start end", "start overflow", "start underflow")
+FUSED_QKV = ("S = 1", "K tail", "bias", *FUSED_QKV_GROUPS, *STARTS, "cos/sin seq_slice")
 ROPE_KV_STORE = (
     "decode (S = 1)", "prefill (S > 1)", "qk-norm", "no qk-norm", "group 7", "group 8", "layout fused",
-    "layout heads_padded", "rotary half",
+    "layout heads_padded", "rotary half", "cos/sin seq_slice",
 )  # fmt: skip
 
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -39,8 +48,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "add_rms_norm": (*SHAPES, "values zeros"),
     "add": SHAPES,
     "silu_mul": (*SHAPES, "large magnitude"),
-    "rope_cos_sin": ("S = 1", "rotary_half tail", "long context position", "positions scattered"),
-    "apply_rope": ("S = 1", "D tail", "rotary half", "rotary quarter", "cos/sin sin_padded", "heads padded"),
+    "rope_cos_sin": ROPE_COS_SIN,
+    "apply_rope": APPLY_ROPE,
     "kv_cache_store": ("S = 1", "L = 1", *STARTS, "k/v qkv_slices"),
     "rope_kv_store": (*STARTS, *ROPE_KV_STORE),
     "argmax": ("B = 1", "V = 1", "pattern ties", "pattern nan", "pattern neg_inf"),
@@ -52,7 +61,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "splitk_reduce": ("M = 1", "N tail", "1 splits", "16 splits", "31 splits"),
     "add_rms_norm_linear": (*GEMM, "bias", "fused gemv", "composed (M > 4)"),
     "add_rms_norm_linear_silu_mul": (*GEMM, "fused gemv", "composed (M > 4)"),
-    "add_rms_norm_linear_rope_kv_store": ("S = 1", "K tail", "bias", *FUSED_QKV_GROUPS, *STARTS),
+    "add_rms_norm_linear_rope_kv_store": FUSED_QKV,
 }
 
 

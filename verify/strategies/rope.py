@@ -14,26 +14,30 @@ from verify.strategies.common import INDEX_DTYPES, Invalid, common, labels_for, 
 HEAD_DIMS = (2, 4, 6, 16, 32, 34, 64, 96, 128, 256)
 BASES = (10000.0, 1000000.0, 500000.0)
 POSITIONS = ("consecutive", "scattered")
+POSITION_STEPS = (1, 2)  # the positions' stride along S: 2 when they are every other element of a row
 ROTARY = ("full", "half", "quarter")  # the rotary dims: all of head_dim, half of it, a quarter
 HEAD_PADS = (0, 3)  # elements after each head's D: 3 gives head strides that are not D
 COS_SIN_DTYPES = ("float32",)  # rope_cos_sin's tables are fp32 (its tolerance has no other dtype)
 
 
 def _positions(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Consecutive positions from ``start`` (prefill, decode), or scattered ones, in a wider buffer."""
+    """Consecutive positions from ``start`` (prefill, decode), or scattered ones, as a view into a
+    wider buffer: offset in each row, and with ``pos_step`` 2 every other element of it."""
     b, s = params["b"], params["s"]
+    step = choice(params, "pos_step", POSITION_STEPS, 1)
     if choice(params, "positions", POSITIONS) == "consecutive":
         pos = params["start"] + torch.arange(s, device=device).expand(b, s)
     else:
         pos = torch.randint(0, params["start"] + s, (b, s), generator=gen, device=device)
     pos_dtype = getattr(torch, choice(params, "pos_dtype", INDEX_DTYPES))
-    buffer = torch.zeros(b, s + 2, dtype=pos_dtype, device=device)
-    buffer[:, 1 : s + 1] = pos
-    return buffer[:, 1 : s + 1]
+    buffer = torch.zeros(b, step * s + 2, dtype=pos_dtype, device=device)
+    buffer[:, 1 : step * s + 1 : step] = pos
+    return buffer[:, 1 : step * s + 1 : step]
 
 
-# cos and sin as one rope_cos_sin call makes them, or sin with strides of its own
-TABLES = ("shared", "sin_padded")
+# cos and sin as one rope_cos_sin call makes them, sin with strides of its own, or both as the
+# first S rows of longer tables (a batch stride that is not S times the row stride)
+TABLES = ("shared", "sin_padded", "seq_slice")
 
 
 def rope_tables(
@@ -41,8 +45,13 @@ def rope_tables(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference cos and sin ``[B, S, rotary_dim / 2]`` for ``positions``; with ``"sin_padded"``
     sin is a view into a wider buffer, so its row strides differ from cos's (a kernel that
-    addresses sin with cos's strides reads the wrong rows)."""
+    addresses sin with cos's strides reads the wrong rows); with ``"seq_slice"`` both are the first
+    S rows of NaN-padded ``[B, S + 2, rotary_dim / 2]`` tables (a kernel that takes a table as
+    contiguous over ``[B, S]`` reads the wrong rows from the second batch row on)."""
     cos, sin = rope_cos_sin(positions, rotary_dim, base)
+    if tables == "seq_slice":
+        b, s, n = cos.shape
+        cos, sin = (torch.cat([t, t.new_full((b, 2, n), float("nan"))], dim=1)[:, :s] for t in (cos, sin))
     if tables == "sin_padded":
         n = sin.shape[-1]
         wide = torch.full((*sin.shape[:-1], n + 3), float("nan"), dtype=sin.dtype, device=sin.device)
@@ -57,6 +66,7 @@ def _position_fields(limits: Limits) -> dict:
         "s": size(limits.seq, AWKWARD),
         "start": st.one_of(st.integers(0, 64), st.sampled_from([4095, 32767, 131071])),
         "positions": st.sampled_from(POSITIONS),
+        "pos_step": st.sampled_from(POSITION_STEPS),
         "pos_dtype": st.sampled_from(INDEX_DTYPES),
         "base": st.sampled_from(BASES),
         "seed": st.integers(0, 2**16 - 1),
@@ -78,6 +88,8 @@ def rope_cos_sin_build(params: dict, device: torch.device) -> Case:
     positions = _positions(params, generator(params, device), device)
     labels = labels_for(params, S=params["s"], rotary_half=params["rotary_dim"] // 2)
     labels += [f"positions {params['positions']}", "non-contiguous"]
+    if choice(params, "pos_step", POSITION_STEPS, 1) > 1:
+        labels.append("positions strided along S")
     if params["start"] >= 4095:
         labels.append("long context position")
     return Case(params, (positions, params["rotary_dim"], params["base"]), labels=tuple(labels))
