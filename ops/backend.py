@@ -34,9 +34,10 @@ def configure() -> str:
         _selected = _resolve(os.environ.get(ENV_VAR, "auto"))
         if _selected == "interpreter":
             os.environ["TRITON_INTERPRET"] = "1"
-            from ops import interpreter_compat
+            from ops import interpreter_calls, interpreter_compat
 
-            interpreter_compat.install()
+            interpreter_compat.install()  # checks the Triton release both patch
+            interpreter_calls.install()
         elif os.environ.get("TRITON_INTERPRET") == "1":
             raise RuntimeError("TRITON_INTERPRET=1 is set but the cuda backend was selected")
     return _selected

@@ -175,8 +175,12 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
         block_n = 4 if n <= 2048 else 8 if n <= 16384 else 16
         # the per-step product is [rows, BLOCK_N, BLOCK_K]: fewer K per step for more rows
         widest = 1024 if k <= 1024 else 512
-        if backend.is_interpreter():  # CPU sizes (K <= 160) still walk several chunks, or split
+        if backend.is_interpreter():
+            # CPU sizes (K <= 160) still walk several chunks, or split; N > 4 still takes several
+            # programs, but at most 4: the interpreter's cost is per program (~50 ms each), not per
+            # element (the embedded model's e2e run: 68 s with up to 16 programs, 28 s with 4).
             widest = 64
+            block_n = max(block_n, triton.next_power_of_2(triton.cdiv(n, 4)))
         block_k = widest // triton.next_power_of_2(max(m, 1))
         stages = 1 if k <= block_k else 3  # one K step: nothing to pipeline, plain wide loads
         return gemv_config(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)
