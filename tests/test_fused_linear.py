@@ -90,21 +90,23 @@ def _ulps_from_a_midpoint(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("config", [None, *CONFIGS], ids=lambda c: c.describe() if c else "table")
-def test_norm_prologue_normalizes_the_rounded_sum(
+def test_norm_prologue_rounds_where_the_unfused_ops_do(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, config: GemmConfig | None
 ) -> None:
-    """The gemv prologue normalizes x + residual rounded to the input dtype, as add_rms_norm does.
-    Normalizing the unrounded fp32 sum is closer to the fp64 oracle, so no tolerance can catch it
-    (a kernel mutation run showed it passing everything else); a bitwise check can, on data where
-    reduction order and fp32 rounding cannot matter:
+    """The gemv prologue normalizes x + residual rounded to the input dtype, as add_rms_norm does,
+    and rounds the normalized x to that dtype before the product, as linear's input is. Skipping
+    either rounding is closer to the fp64 oracle, so no tolerance can catch it (a kernel mutation
+    run showed both passing everything else); a bitwise check can, on data where reduction order
+    and fp32 rounding cannot matter:
 
     - |x| in 1.25..3.75 in steps of 1/16, residual a quarter ulp of 1 away from zero: the rounded
       sum is x, the unrounded one is not;
     - the squares' sum is exact in fp32 in any order, and every normalized value lies well off a
       rounding midpoint of the dtype, so the kernel's fp32 rms cannot flip a rounding;
-    - the weight is the identity, so the GEMM (split or not) returns its normalized input exactly.
+    - weight row n has ones at n and n + 1 (mod K), zeros elsewhere: output n is the sum of two
+      normalized inputs, exact in fp32 in any order (split or not), then rounded once.
     """
-    m, k, seed = 3, 64, 17  # the seed meets both preconditions asserted below in both dtypes
+    m, k, seed = 3, 64, 17  # the seed meets the preconditions asserted below in both dtypes
     if config is not None:
         monkeypatch.setitem(gemm_config.CONFIGS, _table_key("add_rms_norm_linear", m, k, k), config)
     gen = torch.Generator().manual_seed(seed)
@@ -115,16 +117,22 @@ def test_norm_prologue_normalizes_the_rounded_sum(
     def normalized(total: torch.Tensor) -> torch.Tensor:
         return total / torch.sqrt(total.square().mean(-1, keepdim=True) + 1e-6)
 
-    want, unrounded = normalized(x), normalized(x + residual)
-    assert _ulps_from_a_midpoint(want, dtype).min() > 0.005, "the seed puts a value near a midpoint"
-    assert not torch.equal(want.to(dtype), unrounded.to(dtype)), "the seed cannot tell the two apart"
+    def pairs(h: torch.Tensor) -> torch.Tensor:  # the GEMM below, in float64, rounded once
+        return (h.double() + h.double().roll(-1, dims=1)).to(dtype)
+
+    h = normalized(x)
+    assert _ulps_from_a_midpoint(h, dtype).min() > 0.005, "the seed puts a value near a midpoint"
+    want = pairs(h.to(dtype))
+    for skipped, y_skipped in (("the sum's", pairs(normalized(x + residual).to(dtype))), ("h's", pairs(h))):
+        assert not torch.equal(y_skipped, want), f"the seed cannot tell skipping {skipped} rounding"
 
     x_in, r_in = (t.to(dtype).to(DEVICE) for t in (x, residual))
-    identity = torch.eye(k, dtype=dtype, device=DEVICE)
+    eye = torch.eye(k, dtype=dtype, device=DEVICE)
+    weight = eye + eye.roll(1, dims=1)
     norm_weight = torch.ones(k, dtype=dtype, device=DEVICE)
-    y, total = fused_linear.add_rms_norm_linear(x_in, r_in, norm_weight, 1e-6, identity)
+    y, total = fused_linear.add_rms_norm_linear(x_in, r_in, norm_weight, 1e-6, weight)
     assert torch.equal(total.cpu().double(), x)
-    assert torch.equal(y.cpu(), want.to(dtype))
+    assert torch.equal(y.cpu(), want)
 
 
 @pytest.mark.parametrize("op", FUSED_OPS)
