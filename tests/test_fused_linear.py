@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import registry
-from ops import backend, fused_linear, gemm, gemm_config, scratch
+from ops import backend, elementwise, fused_linear, gemm, gemm_config, scratch
 from ops.gemm_config import GemmConfig
 from ops.rope_kv_store import rope_kv_store
 from verify import limits
@@ -88,6 +88,31 @@ def _ulps_from_a_midpoint(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (torch.remainder(v.abs() / ulp, 1.0) - 0.5).abs()
 
 
+def _exact_norm_inputs(dtype: torch.dtype, m: int = 3, k: int = 64, seed: int = 17) -> tuple:
+    """``x`` and ``residual`` (float64, exact in ``dtype``) on which the prologue's roundings show
+    bit for bit and nothing else can: |x| in 1.25..3.75 in steps of 1/16, residual a quarter ulp
+    of 1 away from zero, so the rounded sum is x and the unrounded one is not; the squares' sum is
+    exact in fp32 in any order; and every normalized value lies well off a rounding midpoint of
+    ``dtype``, so the kernel's fp32 rms cannot flip a rounding (asserted: the seed meets it)."""
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = torch.randint(20, 61, (m, k), generator=gen).double() / 16
+    sign = torch.where(torch.rand(m, k, generator=gen) < 0.5, -1.0, 1.0).double()
+    x, residual = magnitude * sign, sign * torch.finfo(dtype).eps / 4
+    assert _ulps_from_a_midpoint(_normalized(x), dtype).min() > 0.005, "the seed puts a value near a midpoint"
+    return x, residual
+
+
+def _normalized(total: torch.Tensor) -> torch.Tensor:
+    return total / torch.sqrt(total.square().mean(-1, keepdim=True) + 1e-6)
+
+
+def _two_ones_a_row(k: int, shift: int, dtype: torch.dtype) -> torch.Tensor:
+    """A ``[K, K]`` weight whose row n sums inputs n and n + shift (mod K): exact in fp32 in any
+    order and split, so the GEMM adds nothing of its own to the comparison."""
+    eye = torch.eye(k, dtype=dtype, device=DEVICE)
+    return eye + eye.roll(shift, dims=1)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("config", [None, *CONFIGS], ids=lambda c: c.describe() if c else "table")
 def test_norm_prologue_rounds_where_the_unfused_ops_do(
@@ -96,43 +121,55 @@ def test_norm_prologue_rounds_where_the_unfused_ops_do(
     """The gemv prologue normalizes x + residual rounded to the input dtype, as add_rms_norm does,
     and rounds the normalized x to that dtype before the product, as linear's input is. Skipping
     either rounding is closer to the fp64 oracle, so no tolerance can catch it (a kernel mutation
-    run showed both passing everything else); a bitwise check can, on data where reduction order
-    and fp32 rounding cannot matter:
-
-    - |x| in 1.25..3.75 in steps of 1/16, residual a quarter ulp of 1 away from zero: the rounded
-      sum is x, the unrounded one is not;
-    - the squares' sum is exact in fp32 in any order, and every normalized value lies well off a
-      rounding midpoint of the dtype, so the kernel's fp32 rms cannot flip a rounding;
-    - weight row n has ones at n and n + 1 (mod K), zeros elsewhere: output n is the sum of two
-      normalized inputs, exact in fp32 in any order (split or not), then rounded once.
-    """
-    m, k, seed = 3, 64, 17  # the seed meets the preconditions asserted below in both dtypes
+    run showed both passing everything else); a bitwise check on exact data can."""
+    x, residual = _exact_norm_inputs(dtype)
+    m, k = x.shape
     if config is not None:
         monkeypatch.setitem(gemm_config.CONFIGS, _table_key("add_rms_norm_linear", m, k, k), config)
-    gen = torch.Generator().manual_seed(seed)
-    magnitude = torch.randint(20, 61, (m, k), generator=gen).double() / 16
-    sign = torch.where(torch.rand(m, k, generator=gen) < 0.5, -1.0, 1.0).double()
-    x, residual = magnitude * sign, sign * torch.finfo(dtype).eps / 4
-
-    def normalized(total: torch.Tensor) -> torch.Tensor:
-        return total / torch.sqrt(total.square().mean(-1, keepdim=True) + 1e-6)
 
     def pairs(h: torch.Tensor) -> torch.Tensor:  # the GEMM below, in float64, rounded once
         return (h.double() + h.double().roll(-1, dims=1)).to(dtype)
 
-    h = normalized(x)
-    assert _ulps_from_a_midpoint(h, dtype).min() > 0.005, "the seed puts a value near a midpoint"
+    h = _normalized(x)
     want = pairs(h.to(dtype))
-    for skipped, y_skipped in (("the sum's", pairs(normalized(x + residual).to(dtype))), ("h's", pairs(h))):
+    for skipped, y_skipped in (("the sum's", pairs(_normalized(x + residual).to(dtype))), ("h's", pairs(h))):
         assert not torch.equal(y_skipped, want), f"the seed cannot tell skipping {skipped} rounding"
 
     x_in, r_in = (t.to(dtype).to(DEVICE) for t in (x, residual))
-    eye = torch.eye(k, dtype=dtype, device=DEVICE)
-    weight = eye + eye.roll(1, dims=1)
     norm_weight = torch.ones(k, dtype=dtype, device=DEVICE)
-    y, total = fused_linear.add_rms_norm_linear(x_in, r_in, norm_weight, 1e-6, weight)
+    y, total = fused_linear.add_rms_norm_linear(x_in, r_in, norm_weight, 1e-6, _two_ones_a_row(k, 1, dtype))
     assert torch.equal(total.cpu().double(), x)
     assert torch.equal(y.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("config", [None, *CONFIGS], ids=lambda c: c.describe() if c else "table")
+def test_swiglu_epilogue_rounds_gate_and_up_as_linear_does(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, config: GemmConfig | None
+) -> None:
+    """The SwiGLU epilogue equals silu_mul of linear's rounded gate and up, bit for bit: on exact
+    gate and up sums both paths round the same values and run the same fp32 math. Applying silu
+    to the unrounded sums is closer to the oracle and passed every other test in a mutation run."""
+    x, residual = _exact_norm_inputs(dtype)
+    m, k = x.shape
+    if config is not None:  # the op runs it without the split
+        monkeypatch.setitem(gemm_config.CONFIGS, _table_key("add_rms_norm_linear_silu_mul", m, k, k), config)
+    h = _normalized(x).to(dtype).double()
+    gate, up = h + h.roll(-1, dims=1), h + h.roll(-2, dims=1)
+
+    def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return (torch.nn.functional.silu(g) * u).to(dtype)
+
+    rounded_first = swiglu(gate.to(dtype).double(), up.to(dtype).double())
+    assert not torch.equal(swiglu(gate, up), rounded_first), "the seed cannot tell the roundings apart"
+
+    x_in, r_in = (t.to(dtype).to(DEVICE) for t in (x, residual))
+    norm_weight = torch.ones(k, dtype=dtype, device=DEVICE)
+    weight = torch.cat([_two_ones_a_row(k, 1, dtype), _two_ones_a_row(k, 2, dtype)])
+    y, _ = fused_linear.add_rms_norm_linear_silu_mul(x_in, r_in, norm_weight, 1e-6, weight)
+    sums, _ = fused_linear.add_rms_norm_linear(x_in, r_in, norm_weight, 1e-6, weight)
+    assert torch.equal(sums.cpu().double(), torch.cat([gate, up], dim=1).to(dtype).double())
+    assert torch.equal(y, elementwise.silu_mul(sums[:, :k], sums[:, k:]))
 
 
 @pytest.mark.parametrize("op", FUSED_OPS)
