@@ -15,6 +15,7 @@ import registry
 from ops import backend, elementwise, fused_linear, gemm, gemm_config, scratch
 from ops.gemm_config import GemmConfig
 from ops.rope_kv_store import rope_kv_store
+from tests.test_rounding import ulps_from_a_midpoint
 from verify import limits
 from verify.bench.model import gemm_overrides
 from verify.compare import check
@@ -78,16 +79,6 @@ def test_norm_prologue_walks_rows_longer_than_its_block(monkeypatch: pytest.Monk
     assert result.passed, result.describe()
 
 
-MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
-
-
-def _ulps_from_a_midpoint(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """How far each (normal-range) ``v`` lies from the nearest rounding midpoint of ``dtype``, in ulps
-    (0 on a midpoint, 0.5 on a representable value)."""
-    ulp = torch.exp2(torch.floor(torch.log2(v.abs())) - MANTISSA_BITS[dtype])
-    return (torch.remainder(v.abs() / ulp, 1.0) - 0.5).abs()
-
-
 def _exact_norm_inputs(dtype: torch.dtype, m: int = 3, k: int = 64, seed: int = 17) -> tuple:
     """``x`` and ``residual`` (float64, exact in ``dtype``) on which the prologue's roundings show
     bit for bit and nothing else can: |x| in 1.25..3.75 in steps of 1/16, residual a quarter ulp
@@ -98,7 +89,7 @@ def _exact_norm_inputs(dtype: torch.dtype, m: int = 3, k: int = 64, seed: int = 
     magnitude = torch.randint(20, 61, (m, k), generator=gen).double() / 16
     sign = torch.where(torch.rand(m, k, generator=gen) < 0.5, -1.0, 1.0).double()
     x, residual = magnitude * sign, sign * torch.finfo(dtype).eps / 4
-    assert _ulps_from_a_midpoint(_normalized(x), dtype).min() > 0.005, "the seed puts a value near a midpoint"
+    assert ulps_from_a_midpoint(_normalized(x), dtype).min() > 0.005, "the seed puts a value near a midpoint"
     return x, residual
 
 
