@@ -17,6 +17,7 @@ from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, wei
 from verify.strategies.kv_cache import STARTS, _starts
 from verify.strategies.norm import NORM_WEIGHTS
 from verify.strategies.rope import BASES, TABLES, rope_tables, rotary_dim_of
+from verify.strategies.rope_kv_store import program_budget
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
 
@@ -212,7 +213,8 @@ ADD_RMS_NORM_LINEAR_SILU_MUL_INVALID = (
 
 def add_rms_norm_linear_rope_kv_store_params(limits: Limits) -> st.SearchStrategy[dict]:
     """``m`` is S, the new tokens of each of ``b`` rows (M = B * S, the gemv path up to 4); the
-    weight's rows are ``(Hq + 2 Hkv) * D``; M * N stays within the GEMM strategies' largest."""
+    weight's rows are ``(Hq + 2 Hkv) * D``; M * N stays within the GEMM strategies' largest, and
+    the composed path's ``rope_kv_store`` launch within that op's program budget."""
     fields = {
         **_norm_fields(limits),
         "m": st.one_of(st.sampled_from([1, 1, 2, 3]), size(limits.seq, AWKWARD)),
@@ -231,8 +233,9 @@ def add_rms_norm_linear_rope_kv_store_params(limits: Limits) -> st.SearchStrateg
 
     def fit(params: dict) -> dict:
         heads = params["kv_heads"] * (params["group"] + 2)
-        budget = limits.gemm**2 // (heads * params["head_dim"] * params["b"])
-        return {**params, "m": max(1, min(params["m"], budget))}
+        elements = limits.gemm**2 // (heads * params["head_dim"] * params["b"])
+        programs = program_budget(limits) // (params["b"] * params["kv_heads"] * (params["group"] + 1))
+        return {**params, "m": max(1, min(params["m"], elements, programs))}
 
     return st.fixed_dictionaries(fields).map(fit)
 
