@@ -72,6 +72,10 @@ class OpSpec:
     # Outputs are long fp32 sums of products (GEMMs): max_error_ratio's floor adds one fp32 ulp
     # of the summed |terms|, the same op's oracle on |inputs| (see ``verify.compare.judge``).
     sums_products: bool = False
+    # An op-specific addition to max_error_ratio's floor, computed from the case's inputs: how far
+    # the output may move under rounding that plain torch's error need not show (attention: one
+    # fp32 ulp on each score, amplified by the softmax; see ``references.attention``).
+    error_floor: Callable[..., float] | None = None
 
     def __post_init__(self) -> None:
         if not self.tolerance:
@@ -172,16 +176,19 @@ register(OpSpec(
     "attention", attention.attention, references.attention.attention,
     s_attention.attention_params, s_attention.attention_build, (6, 7, 8),
     s_attention.ATTENTION_EXAMPLES, s_attention.ATTENTION_INVALID,
+    error_floor=references.attention.score_rounding_floor,
 ))
 register(OpSpec(  # the same op forced onto the prefill kernel, at every S
     "attention_prefill", attention.attention_prefill, references.attention.attention,
     s_attention.attention_params, s_attention.attention_build, (6, 7, 8),
     s_attention.ATTENTION_EXAMPLES, s_attention.ATTENTION_INVALID, tolerance="attention",
+    error_floor=references.attention.score_rounding_floor,
 ))
 register(OpSpec(  # the same op forced onto the split-KV decode kernels
     "attention_decode", attention.attention_decode, references.attention.attention,
     s_attention.attention_decode_params, s_attention.attention_build, (6, 7, 8),
     s_attention.ATTENTION_DECODE_EXAMPLES, s_attention.ATTENTION_INVALID, tolerance="attention",
+    error_floor=references.attention.score_rounding_floor,
 ))
 register(OpSpec(
     "linear", gemm.linear, references.gemm.linear,

@@ -20,6 +20,8 @@ capacity ``L`` simply finds no rows beyond ``L``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from references.precision import acc, out
@@ -73,3 +75,25 @@ def attention(
     scores = qk_score(q, k_cache, scale)
     probs = causal_mask_softmax(scores, seq_lens, q.shape[1])
     return out(pv_matmul(probs, v_cache), q.dtype)
+
+
+def score_rounding_floor(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> float:
+    """How far the output may move when every visible score is off by one fp32 ulp of its terms.
+
+    Any fp32 computation of a score ``scale * sum_d q_d k_d`` (another summation order, the
+    scale folded into an exp2 argument) can be off by about an ulp of ``|scale| sum_d |q_d k_d|``,
+    however lucky plain torch's rounding was. Since ``d out / d score_j = p_j (v_j - out)``, an
+    error of at most ``e`` on every score moves the output by at most ``2 e max|v|``: that is the
+    floor, over the visible rows. Large scores (hundreds) make it the dominant fp32 error.
+    """
+    mask = visible(seq_lens, q.shape[1], k_cache.shape[1])
+    terms = qk_score(q.double().abs(), k_cache.double().abs(), abs(scale)).masked_fill(~mask, 0.0)
+    values = _expand_kv(v_cache.double().abs(), q.shape[2]).amax(dim=-1)  # [B, L, Hq]
+    largest_v = values.transpose(1, 2)[:, :, None, :].masked_fill(~mask, 0.0).amax().item()
+    largest_terms = terms.amax().item()
+    if largest_terms == 0.0 or largest_v == 0.0:
+        return 0.0
+    score_ulp = 2.0 ** math.floor(math.log2(largest_terms)) * torch.finfo(torch.float32).eps
+    return 2.0 * score_ulp * largest_v

@@ -221,6 +221,60 @@ def test_tolerance_lookup_names_a_missing_ratio(tmp_path) -> None:
         lookup("op", torch.bfloat16, table)
 
 
+def test_max_error_ratio_takes_a_floor_in_ulps(tmp_path) -> None:
+    table = tmp_path / "tolerances.toml"
+    table.write_text('[op]\nrule = "max_error_ratio"\nfloat32 = { max_error_ratio = 2.0, ulps = 16 }\n')
+    tol = lookup("op", torch.float32, table)
+    assert tol.ulps == 16 and lookup("linear", torch.float32).ulps == 1
+    oracle = torch.tensor([1.0], dtype=torch.float64)
+    exact = oracle.float()
+    for ulps, verdict in ((15, True), (17, False)):  # floor: 16 ulps, plain torch exact
+        off = torch.tensor([1.0 + ulps * 2**-23], dtype=torch.float32)
+        assert judge("out", off, exact, tol, oracle, exact).passed is verdict
+
+
+def _attention_inputs(seq_len: int) -> tuple:
+    """One query (2, 0), keys (3, 0) and (-8, 4), values (1, -5) and (0, 9), scale 0.5: the
+    score terms are 3 and 8, and max|v| 5 and 9, for the first row and the second."""
+    q = torch.tensor([2.0, 0.0]).view(1, 1, 1, 2)
+    k = torch.tensor([[3.0, 0.0], [-8.0, 4.0]]).view(1, 2, 1, 2)
+    v = torch.tensor([[1.0, -5.0], [0.0, 9.0]]).view(1, 2, 1, 2)
+    return q, k, v, torch.tensor([seq_len], dtype=torch.int32), 0.5
+
+
+def test_attention_floor_is_one_ulp_per_visible_score_through_the_softmax() -> None:
+    from references.attention import score_rounding_floor
+
+    eps = torch.finfo(torch.float32).eps
+    assert score_rounding_floor(*_attention_inputs(2)) == 2 * (8 * eps) * 9
+    assert score_rounding_floor(*_attention_inputs(1)) == 2 * (2 * eps) * 5  # row 1 not visible
+    assert score_rounding_floor(*_attention_inputs(0)) == 0.0
+
+
+def test_attention_floor_bounds_what_an_ulp_on_every_score_does() -> None:
+    """The floor's derivation, checked: every score moved by one ulp of the largest terms, each
+    in the direction that pushes an output element furthest (scores spread enough that several
+    rows share the softmax), moves the output by no more than the floor (at most ~0.4 of it here)."""
+    from references.attention import score_rounding_floor
+
+    gen = torch.Generator().manual_seed(0)
+    for length in range(2, 22):
+        q = torch.randn(1, 1, 1, 16, generator=gen, dtype=torch.float64) * 2
+        k = torch.randn(1, length, 1, 16, generator=gen, dtype=torch.float64) * 2
+        v = torch.randn(1, length, 1, 16, generator=gen, dtype=torch.float64)
+        floor = score_rounding_floor(q, k, v, torch.tensor([length]), 0.125)
+        keys, values = k[0, :, 0], v[0, :, 0]
+        scores = keys @ q[0, 0, 0] * 0.125
+        step = (
+            torch.finfo(torch.float32).eps
+            * 2.0 ** (keys.abs() @ q[0, 0, 0].abs() * 0.125).max().log2().floor()
+        )
+        out = torch.softmax(scores, 0) @ values
+        d = (values - out).abs().amax(0).argmax()  # the element with the most to move
+        moved = torch.softmax(scores + torch.sign(values[:, d] - out[d]) * step, 0) @ values
+        assert 0 < (moved - out).abs().max() <= floor
+
+
 def test_overflow_to_inf_is_judged_against_the_rounded_oracle() -> None:
     """An fp16 output whose exact value is past 65504 rounds to inf: inf there is right, a
     finite value there (or an inf where the exact value fits) is not."""

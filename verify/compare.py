@@ -255,10 +255,12 @@ def judge(
     oracle_out: torch.Tensor | None = None,
     lowp_out: torch.Tensor | None = None,
     terms_out: torch.Tensor | None = None,
+    extra_floor: float = 0.0,
 ) -> OutputReport:
     """Judge one output. For ``max_error_ratio``, ``terms_out`` (ops that sum products) is the
     oracle on |inputs|, the size of the sums: an fp32 sum in another order may differ by an ulp
-    of that, however small the output it cancels down to."""
+    of that, however small the output it cancels down to. ``extra_floor``: the op's own
+    addition to the floor (``OpSpec.error_floor``)."""
     if not isinstance(impl, torch.Tensor):
         return OutputReport(name, False, f"expected a tensor, got {type(impl).__name__}")
     report = OutputReport(
@@ -342,7 +344,7 @@ def judge(
 
     err_impl, err_lowp = max_error(a), max_error(lowp_out.double())
     magnitude = torch.where(fin, o.abs(), torch.zeros_like(o)).max().item()
-    floor = ulp(impl.dtype, magnitude)
+    floor = tol.ulps * ulp(impl.dtype, magnitude) + extra_floor
     if terms_out is not None:
         terms = terms_out.double()
         floor += ulp(torch.float32, torch.where(torch.isfinite(terms), terms.abs(), 0).max().item())
@@ -513,11 +515,14 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         return result
     tol = lookup(spec.tolerance, dtype_of(case.params))
     oracle_out = lowp_out = terms_out = None
+    extra_floor = 0.0
     if tol.rule == "max_error_ratio":
         oracle_out = _run_reference(spec, case, "oracle")
         lowp_out = _run_reference(spec, case, "lowp")
         if spec.sums_products:
             terms_out = _run_reference(spec, case, "terms")
+        if spec.error_floor is not None:
+            extra_floor = spec.error_floor(*case.args, **case.kwargs)
     for i, ((name, got), (_, want)) in enumerate(zip(impl_out, ref_out, strict=True)):
         if name in spec.mutates and oracle_out and lowp_out:
             before = case.args[names.index(name)]
@@ -532,6 +537,7 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
                 oracle_out[i][1] if oracle_out else None,
                 lowp_out[i][1] if lowp_out else None,
                 terms_out[i][1] if terms_out and i == 0 else None,  # the product, not a side output
+                extra_floor,
             )
         if report.passed and name.startswith("out") and not got.is_contiguous():
             report.passed, report.reason = False, f"output is not contiguous (strides {got.stride()})"

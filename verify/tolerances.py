@@ -18,9 +18,10 @@ class Tolerance:
     """How one op's output in one dtype is judged.
 
     ``allclose``: ``|impl - ref| <= atol + rtol * |ref|`` elementwise.
-    ``max_error_ratio``: ``max|impl - oracle| <= k * max|lowp - oracle| + ulp(max|oracle|) + atol``,
+    ``max_error_ratio``: ``max|impl - oracle| <= k * max|lowp - oracle| + ulps * ulp(max|oracle|) + atol``,
     where the oracle is the reference in fp64 and ``lowp`` the reference computed in the op's own
-    dtype; ``atol`` (default 0) covers a documented absolute limit such as flushed subnormals.
+    dtype; ``atol`` (default 0) covers a documented absolute limit such as flushed subnormals, and
+    ``ulps`` (default 1) a documented per-element error such as the GPU's approximate fp32 math.
     ``exact``: bitwise equality (copies, indices).
     """
 
@@ -28,6 +29,7 @@ class Tolerance:
     atol: float = 0.0
     rtol: float = 0.0
     max_error_ratio: float = 0.0
+    ulps: float = 1.0
 
 
 def dtype_key(dtype: torch.dtype) -> str:
@@ -61,7 +63,8 @@ def lookup(key: str, dtype: torch.dtype, path: Path = PATH) -> Tolerance:
         if "max_error_ratio" not in numbers:
             raise KeyError(f"{path}: [{key}] uses max_error_ratio but gives no ratio for {name}")
         ratio = float(numbers["max_error_ratio"])
-        return Tolerance(rule, atol=float(numbers.get("atol", 0.0)), max_error_ratio=ratio)
+        atol, ulps = float(numbers.get("atol", 0.0)), float(numbers.get("ulps", 1.0))
+        return Tolerance(rule, atol=atol, max_error_ratio=ratio, ulps=ulps)
     return Tolerance(rule, atol=float(numbers["atol"]), rtol=float(numbers["rtol"]))
 
 
