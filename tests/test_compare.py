@@ -275,6 +275,26 @@ def test_attention_floor_bounds_what_an_ulp_on_every_score_does() -> None:
         assert 0 < (moved - out).abs().max() <= floor
 
 
+def test_attention_checks_take_the_score_rounding_floor() -> None:
+    """The floor reaches the verdict: on fp32 scores in the hundreds it dwarfs 2x plain torch's
+    error, so an output off by 90% of it passes and one off by three times it fails."""
+    from references.attention import score_rounding_floor
+
+    spec, case = _case("attention", dtype="float32", scores="large")
+    floor = score_rounding_floor(*case.args)
+
+    def nudged(by: float):
+        def impl(*args):
+            result = spec.reference(*args).contiguous()
+            result.view(-1)[0] += by
+            return result
+
+        return impl
+
+    assert check(spec, case, nudged(0.9 * floor)).passed
+    assert not check(spec, case, nudged(3 * floor)).passed
+
+
 def test_overflow_to_inf_is_judged_against_the_rounded_oracle() -> None:
     """An fp16 output whose exact value is past 65504 rounds to inf: inf there is right, a
     finite value there (or an inf where the exact value fits) is not."""
