@@ -20,11 +20,9 @@ capacity ``L`` simply finds no rows beyond ``L``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from references.precision import acc, out
+from references.precision import acc, out, ulp
 
 
 def _expand_kv(x: torch.Tensor, q_heads: int) -> torch.Tensor:
@@ -92,8 +90,4 @@ def score_rounding_floor(
     terms = qk_score(q.double().abs(), k_cache.double().abs(), abs(scale)).masked_fill(~mask, 0.0)
     values = _expand_kv(v_cache.double().abs(), q.shape[2]).amax(dim=-1)  # [B, L, Hq]
     largest_v = values.transpose(1, 2)[:, :, None, :].masked_fill(~mask, 0.0).amax().item()
-    largest_terms = terms.amax().item()
-    if largest_terms == 0.0 or largest_v == 0.0:
-        return 0.0
-    score_ulp = 2.0 ** math.floor(math.log2(largest_terms)) * torch.finfo(torch.float32).eps
-    return 2.0 * score_ulp * largest_v
+    return 2.0 * ulp(torch.float32, terms.amax().item()) * largest_v

@@ -69,3 +69,11 @@ def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     unfused pair): rounded in every mode, in the oracle to the op's storage dtype."""
     target = _storage if _keep_output and _storage is not None else dtype
     return t.to(target).to(t.dtype)
+
+
+def ulp(dtype: torch.dtype, magnitude: float) -> float:
+    """The spacing of ``dtype`` at ``magnitude``: one rounding step of the output."""
+    info = torch.finfo(dtype)
+    if magnitude <= info.tiny:
+        return info.tiny * info.eps
+    return 2.0 ** (torch.tensor(magnitude, dtype=torch.float64).log2().floor().item()) * info.eps

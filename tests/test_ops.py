@@ -20,6 +20,7 @@ import registry
 from ops import backend
 from verify import limits
 from verify.compare import arg_names, check, clone_args, named_outputs
+from verify.strategies.rope import COS_SIN_DTYPES
 
 DEVICE = backend.device()
 OPS = registry.names()
@@ -122,12 +123,11 @@ def test_canary_fails(name: str, kind: str) -> None:
 # 1e-5, passes 64 steps and linear_splitk's and splitk_reduce's pass 16. On the H200 the fp32
 # attention bound (then 64x plain torch) passed 128 steps: it is 2x since, with a floor.
 SLIGHTLY_OFF_STEPS = {"bfloat16": 4, "float16": 4, "float32": 128}
-FP32_ONLY = {"rope_cos_sin"}  # its tables are fp32: the strategy draws no other dtype
 SLIGHTLY_OFF = [
     pytest.param(name, dtype, id=f"{name}-{dtype}")
     for name in OPS
     if name != "argmax"  # an index: its canaries and its exact rule cover it
-    for dtype in (("float32",) if name in FP32_ONLY else tuple(SLIGHTLY_OFF_STEPS))
+    for dtype in (COS_SIN_DTYPES if name == "rope_cos_sin" else tuple(SLIGHTLY_OFF_STEPS))
 ]
 
 

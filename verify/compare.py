@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ops import scratch
-from references.precision import computing_in, oracle
+from references.precision import computing_in, oracle, ulp
 from verify.cases import Case, dtype_of
 from verify.impl_loader import failure_site
 from verify.tolerances import Tolerance, dtype_key, lookup
@@ -215,14 +215,6 @@ def describe_inputs(case: Case) -> str:
 # ---- judging one output ------------------------------------------------------------------------
 
 
-def ulp(dtype: torch.dtype, magnitude: float) -> float:
-    """The spacing of ``dtype`` at ``magnitude``: one rounding step of the output."""
-    info = torch.finfo(dtype)
-    if magnitude <= info.tiny:
-        return info.tiny * info.eps
-    return 2.0 ** (torch.tensor(magnitude, dtype=torch.float64).log2().floor().item()) * info.eps
-
-
 def _nonfinite_problem(impl: torch.Tensor, ref: torch.Tensor) -> tuple[str, torch.Tensor] | None:
     ref_bad = ~torch.isfinite(ref)
     same = (torch.isnan(impl) & torch.isnan(ref)) | (impl == ref)
@@ -372,12 +364,14 @@ def judge_in_place(
     oracle_out: torch.Tensor,
     lowp_out: torch.Tensor,
     terms_out: torch.Tensor | None = None,
+    extra_floor: float = 0.0,
 ) -> OutputReport:
     """Judge a buffer the op updates in place (a KV cache) under ``max_error_ratio``: rows (last
     dim) the oracle leaves as they were must keep their bits, and the rows it writes are judged
     among themselves. One bound over the whole buffer would take its scale from both: a stray
-    write could hide below the old rows' magnitude, a wrong new row below theirs. ``terms_out``:
-    as for ``judge``, where the new rows are sums of products (a fused projection's k and v)."""
+    write could hide below the old rows' magnitude, a wrong new row below theirs. ``terms_out``
+    and ``extra_floor``: as for ``judge``, where the new rows are sums of products (a fused
+    projection's k and v) or the op has a floor of its own."""
     layout = (ref.shape, ref.dtype, ref.device)
     if not isinstance(impl, torch.Tensor) or (impl.shape, impl.dtype, impl.device) != layout:
         return judge(name, impl, ref, tol, oracle_out, lowp_out)  # reports what is wrong with it
@@ -392,7 +386,9 @@ def judge_in_place(
             tol.rule, worst_index=first,
         )  # fmt: skip
     terms = terms_out[written] if terms_out is not None else None
-    report = judge(name, impl[written], ref[written], tol, oracle_out[written], lowp_out[written], terms)
+    report = judge(
+        name, impl[written], ref[written], tol, oracle_out[written], lowp_out[written], terms, extra_floor
+    )
     report.shape, report.strides = tuple(impl.shape), impl.stride()
     if report.worst_index is not None and written.any():  # back from the written rows to the buffer
         row, *rest = report.worst_index
@@ -527,7 +523,9 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         if name in spec.mutates and oracle_out and lowp_out:
             before = case.args[names.index(name)]
             terms = terms_out[i][1] if terms_out else None
-            report = judge_in_place(name, got, want, before, tol, oracle_out[i][1], lowp_out[i][1], terms)
+            report = judge_in_place(
+                name, got, want, before, tol, oracle_out[i][1], lowp_out[i][1], terms, extra_floor
+            )
         else:
             report = judge(
                 name,
