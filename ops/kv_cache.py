@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ops import pdl, validate
+from ops.heads import head_block, heads_per_program
 
 
 @triton.jit
@@ -31,21 +32,22 @@ def _kv_cache_store_kernel(
     stride_vb,
     stride_vs,
     stride_vh,
+    BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)
-    head = tl.program_id(1).to(tl.int64)
+    head, head_ok = head_block(tl.program_id(1), H, BLOCK_H)
     b = (token // S).to(tl.int64)
     s = (token % S).to(tl.int64)
     row = tl.load(start_ptr + b).to(tl.int64) + s
     d = tl.arange(0, BLOCK_D)
-    mask = (d < D) & (row < L) & (row >= 0)
-    k = tl.load(k_ptr + b * stride_kb + s * stride_ks + head * stride_kh + d, mask=mask)
-    v = tl.load(v_ptr + b * stride_vb + s * stride_vs + head * stride_vh + d, mask=mask)
-    dst = ((b * L + row) * H + head) * D + d
+    mask = (head_ok & (row < L) & (row >= 0))[:, None] & (d < D)
+    k = tl.load((k_ptr + b * stride_kb + s * stride_ks + head * stride_kh)[:, None] + d, mask=mask)
+    v = tl.load((v_ptr + b * stride_vb + s * stride_vs + head * stride_vh)[:, None] + d, mask=mask)
+    dst = (((b * L + row) * H + head) * D)[:, None] + d
     tl.store(kc_ptr + dst, k, mask=mask)
     tl.store(vc_ptr + dst, v, mask=mask)
 
@@ -77,7 +79,9 @@ def kv_cache_store(
     validate.disjoint("v_cache", v_cache, read | {"k_cache": k_cache})
     if batch * seq * heads * dim == 0:
         return
-    _kv_cache_store_kernel[(batch * seq, heads)](
+    block_d = triton.next_power_of_2(dim)
+    block_h = heads_per_program(heads, block_d)
+    _kv_cache_store_kernel[(batch * seq, triton.cdiv(heads, block_h))](
         k_cache,
         v_cache,
         k,
@@ -93,6 +97,7 @@ def kv_cache_store(
         v.stride(0),
         v.stride(1),
         v.stride(2),
-        BLOCK_D=triton.next_power_of_2(dim),
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
         **pdl.launch_options(),
     )

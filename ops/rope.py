@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ops import pdl, validate
+from ops.heads import head_block, heads_per_program
 
 _inv_freq_cache: dict[tuple[int, float, torch.device], torch.Tensor] = {}
 
@@ -103,9 +104,11 @@ def norm_rope_row(
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
 ):
-    """One head row as (rotated first half, rotated second half, pass-through rest), each rounded
-    to the row's dtype; with ``HAS_NORM`` the row is first RMS-normalized by ``w_ptr`` and ``eps``
-    (``ops.rope_kv_store``). ``BLOCK_REST`` >= 1: with no pass-through dims it is a masked stub."""
+    """Head rows as (rotated first half, rotated second half, pass-through rest), each rounded to
+    the rows' dtype; with ``HAS_NORM`` each row is first RMS-normalized by ``w_ptr`` and ``eps``
+    (``ops.rope_kv_store``). ``x_row`` (and ``w_ptr``) is one row's start, or a ``[R, 1]`` block
+    of row starts, every one readable: the results are then ``[R, BLOCK_HALF]``. ``BLOCK_REST``
+    >= 1: with no pass-through dims it is a masked stub."""
     dtype = x_row.dtype.element_ty
     i = tl.arange(0, BLOCK_HALF)
     mask = i < HALF
@@ -119,7 +122,11 @@ def norm_rope_row(
         w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
         wr = tl.load(w_ptr + j, mask=rest_mask, other=0.0).to(tl.float32)
-        sum_sq = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(rest * rest, axis=0)
+        sum_sq = (
+            tl.sum(x1 * x1, axis=-1, keep_dims=True)
+            + tl.sum(x2 * x2, axis=-1, keep_dims=True)
+            + tl.sum(rest * rest, axis=-1, keep_dims=True)
+        )
         inv_rms = 1.0 / tl.sqrt(sum_sq / D + eps)
         x1 = (x1 * inv_rms * w1).to(dtype).to(tl.float32)
         x2 = (x2 * inv_rms * w2).to(dtype).to(tl.float32)
@@ -146,6 +153,7 @@ def _apply_rope_kernel(
     stride_cs,
     stride_sb,
     stride_ss,
+    BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
     PDL: tl.constexpr,
@@ -153,20 +161,21 @@ def _apply_rope_kernel(
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)
-    head = tl.program_id(1)
+    head, head_ok = head_block(tl.program_id(1), H, BLOCK_H)
     b = (token // S).to(tl.int64)
     s = (token % S).to(tl.int64)
-    x_row = x_ptr + b * stride_xb + s * stride_xs + head * stride_xh
-    out_row = out_ptr + (token.to(tl.int64) * H + head) * D
     i = tl.arange(0, BLOCK_HALF)
     mask = i < HALF
     c = tl.load(cos_ptr + b * stride_cb + s * stride_cs + i, mask=mask, other=0.0)
     sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
-    y1, y2, rest = norm_rope_row(x_row, x_row, c, sn, 0.0, D, HALF, False, BLOCK_HALF, BLOCK_REST)
-    tl.store(out_row + i, y1, mask=mask)
-    tl.store(out_row + HALF + i, y2, mask=mask)
+    x_rows = (x_ptr + b * stride_xb + s * stride_xs + head * stride_xh)[:, None]
+    y1, y2, rest = norm_rope_row(x_rows, x_rows, c, sn, 0.0, D, HALF, False, BLOCK_HALF, BLOCK_REST)
+    out_rows = (out_ptr + (token.to(tl.int64) * H + head) * D)[:, None]
+    row_ok = head_ok[:, None]
+    tl.store(out_rows + i, y1, mask=row_ok & mask)
+    tl.store(out_rows + HALF + i, y2, mask=row_ok & mask)
     j = 2 * HALF + tl.arange(0, BLOCK_REST)  # partial rotary: the dims past 2 * HALF pass through
-    tl.store(out_row + j, rest, mask=j < D)
+    tl.store(out_rows + j, rest, mask=row_ok & (j < D))
 
 
 def apply_rope(
@@ -187,7 +196,9 @@ def apply_rope(
     if batch * seq * heads == 0:
         return result
     rest = dim - 2 * half
-    _apply_rope_kernel[(batch * seq, heads)](
+    block_half = triton.next_power_of_2(half)
+    block_h = heads_per_program(heads, block_half)
+    _apply_rope_kernel[(batch * seq, triton.cdiv(heads, block_h))](
         x,
         cos,
         sin,
@@ -203,7 +214,8 @@ def apply_rope(
         cos.stride(1),
         sin.stride(0),
         sin.stride(1),
-        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_H=block_h,
+        BLOCK_HALF=block_half,
         BLOCK_REST=triton.next_power_of_2(rest) if rest else 1,  # 1: an always-masked stub
         **pdl.launch_options(),
     )

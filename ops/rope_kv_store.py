@@ -3,10 +3,10 @@
 
 Per layer the decoder would otherwise launch rms_norm(q), rms_norm(k) (Qwen3), apply_rope(q),
 apply_rope(k) and kv_cache_store: 3 to 5 launches of a few microseconds of work each, where
-launch cost dominates decode. Here program ``(token, head)`` reads one head row once: heads
-``< Hq`` are q heads, rotated into ``out``; the others are kv heads, whose rotated k and plain
-v go straight into the cache row ``start_pos[b] + s`` (rows outside ``0..L-1`` are not written,
-as in ``kv_cache_store``).
+launch cost dominates decode. Here each program takes one token's q heads or its kv heads
+(``ops.heads.heads_per_program`` of them as one tile) and reads each head row once: q heads
+are rotated into ``out``; for kv heads the rotated k and plain v go straight into the cache row
+``start_pos[b] + s`` (rows outside ``0..L-1`` are not written, as in ``kv_cache_store``).
 
 The result matches the unfused ops: the normalized row is rounded to the input dtype before
 the rotation (the separate rms_norm op outputs in that dtype), and the rotation is the same
@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ops import pdl, validate
+from ops.heads import head_block, heads_per_program
 from ops.rope import norm_rope_row
 
 
@@ -57,6 +58,8 @@ def _rope_kv_store_kernel(
     stride_sb,
     stride_ss,
     HAS_NORM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -65,7 +68,7 @@ def _rope_kv_store_kernel(
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)
-    head = tl.program_id(1)
+    block = tl.program_id(1)
     b = (token // S).to(tl.int64)
     s = (token % S).to(tl.int64)
     i = tl.arange(0, BLOCK_HALF)
@@ -74,27 +77,30 @@ def _rope_kv_store_kernel(
     rest_mask = j < D
     c = tl.load(cos_ptr + b * stride_cb + s * stride_cs + i, mask=mask, other=0.0)
     sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
-    if head < HQ:  # a q head: rotate into out[b, s, head]
-        x_row = q_ptr + b * stride_qb + s * stride_qs + head.to(tl.int64) * stride_qh
-        y1, y2, rest = norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        out_row = out_ptr + (token.to(tl.int64) * HQ + head) * D
-        tl.store(out_row + i, y1, mask=mask)
-        tl.store(out_row + HALF + i, y2, mask=mask)
-        tl.store(out_row + j, rest, mask=rest_mask)
-    else:  # a kv head: rotated k and plain v into cache row start_pos[b] + s, if it exists
-        kvh = (head - HQ).to(tl.int64)
+    q_blocks = (HQ + BLOCK_HQ - 1) // BLOCK_HQ
+    if block < q_blocks:  # q heads: rotate into out[b, s, head]
+        head, q_ok = head_block(block, HQ, BLOCK_HQ)
+        x_rows = (q_ptr + b * stride_qb + s * stride_qs + head * stride_qh)[:, None]
+        q1, q2, q_rest = norm_rope_row(x_rows, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        out_rows = (out_ptr + (token.to(tl.int64) * HQ + head) * D)[:, None]
+        out_ok = q_ok[:, None]
+        tl.store(out_rows + i, q1, mask=out_ok & mask)
+        tl.store(out_rows + HALF + i, q2, mask=out_ok & mask)
+        tl.store(out_rows + j, q_rest, mask=out_ok & rest_mask)
+    else:  # kv heads: rotated k and plain v into cache row start_pos[b] + s, if it exists
+        kvh, kv_ok = head_block(block - q_blocks, HKV, BLOCK_HKV)
         row = tl.load(start_ptr + b).to(tl.int64) + s
         # v is requested with the cache row, not after k's math: its read is in bounds either way
         d = tl.arange(0, BLOCK_D)
-        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d < D)
-        in_cache = (row < L) & (row >= 0)
-        k_row = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
-        y1, y2, rest = norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        dst = ((b * L + row) * HKV + kvh) * D
-        tl.store(kc_ptr + dst + i, y1, mask=mask & in_cache)
-        tl.store(kc_ptr + dst + HALF + i, y2, mask=mask & in_cache)
-        tl.store(kc_ptr + dst + j, rest, mask=rest_mask & in_cache)
-        tl.store(vc_ptr + dst + d, v, mask=(d < D) & in_cache)
+        v = tl.load((v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh)[:, None] + d, mask=d < D)
+        row_ok = (kv_ok & (row < L) & (row >= 0))[:, None]
+        k_rows = (k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh)[:, None]
+        k1, k2, k_rest = norm_rope_row(k_rows, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        dst = (((b * L + row) * HKV + kvh) * D)[:, None]
+        tl.store(kc_ptr + dst + i, k1, mask=row_ok & mask)
+        tl.store(kc_ptr + dst + HALF + i, k2, mask=row_ok & mask)
+        tl.store(kc_ptr + dst + j, k_rest, mask=row_ok & rest_mask)
+        tl.store(vc_ptr + dst + d, v, mask=row_ok & (d < D))
 
 
 def rope_kv_store(
@@ -151,7 +157,11 @@ def rope_kv_store(
         return result
 
     rest = dim - 2 * half
-    _rope_kv_store_kernel[(batch * seq, q_heads + kv_heads)](
+    block_half = triton.next_power_of_2(half)
+    block_hq = heads_per_program(q_heads, block_half)
+    block_hkv = heads_per_program(kv_heads, block_half)
+    blocks = triton.cdiv(q_heads, block_hq) + triton.cdiv(kv_heads, block_hkv)
+    _rope_kv_store_kernel[(batch * seq, blocks)](
         q,
         k,
         v,
@@ -184,7 +194,9 @@ def rope_kv_store(
         sin.stride(0),
         sin.stride(1),
         HAS_NORM=q_norm is not None,
-        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_HQ=block_hq,
+        BLOCK_HKV=block_hkv,
+        BLOCK_HALF=block_half,
         BLOCK_REST=triton.next_power_of_2(rest) if rest else 1,  # 1: an always-masked stub
         BLOCK_D=triton.next_power_of_2(dim),
         **pdl.launch_options(),

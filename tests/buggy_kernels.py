@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ops import norm
+from ops.heads import head_block, heads_per_program
 from ops.rope import norm_rope_row
 
 
@@ -286,12 +287,12 @@ def _rope_kv_store_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, start_ptr, qw_ptr, kw_ptr, out_ptr, eps,
     S, L, HQ, HKV, D, HALF, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
-    HAS_NORM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_D: tl.constexpr,
-    BUG: tl.constexpr,
+    HAS_NORM: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_REST: tl.constexpr, BLOCK_D: tl.constexpr, BUG: tl.constexpr,
 ):  # fmt: skip
     """ops.rope_kv_store's kernel (cos and sin contiguous), with one bug."""
     token = tl.program_id(0)
-    head = tl.program_id(1)
+    block = tl.program_id(1)
     b = (token // S).to(tl.int64)
     s = (token % S).to(tl.int64)
     i = tl.arange(0, BLOCK_HALF)
@@ -302,31 +303,33 @@ def _rope_kv_store_kernel(
     sn = tl.load(sin_ptr + token.to(tl.int64) * HALF + i, mask=mask, other=0.0)
     if BUG == "rotated_backwards":  # x1 * c + x2 * s, x2 * c - x1 * s: the angle's sign flipped
         sn = -sn
-    if head < HQ:
-        x_row = q_ptr + b * stride_qb + s * stride_qs + head.to(tl.int64) * stride_qh
-        y1, y2, rest = norm_rope_row(x_row, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        out_row = out_ptr + (token.to(tl.int64) * HQ + head) * D
-        tl.store(out_row + i, y1, mask=mask)
-        tl.store(out_row + HALF + i, y2, mask=mask)
-        tl.store(out_row + j, rest, mask=rest_mask)
+    q_blocks = (HQ + BLOCK_HQ - 1) // BLOCK_HQ
+    if block < q_blocks:
+        head, q_ok = head_block(block, HQ, BLOCK_HQ)
+        x_rows = (q_ptr + b * stride_qb + s * stride_qs + head * stride_qh)[:, None]
+        q1, q2, q_rest = norm_rope_row(x_rows, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        out_rows = (out_ptr + (token.to(tl.int64) * HQ + head) * D)[:, None]
+        out_ok = q_ok[:, None]
+        tl.store(out_rows + i, q1, mask=out_ok & mask)
+        tl.store(out_rows + HALF + i, q2, mask=out_ok & mask)
+        tl.store(out_rows + j, q_rest, mask=out_ok & rest_mask)
     else:
-        kvh = (head - HQ).to(tl.int64)
+        kvh, kv_ok = head_block(block - q_blocks, HKV, BLOCK_HKV)
         row = tl.load(start_ptr + b).to(tl.int64) + s
         if BUG == "next_row":  # one cache row too far
             row += 1
-        in_cache = (row < L) & (row >= 0)
-        k_row = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
+        row_ok = (kv_ok & (row < L) & (row >= 0))[:, None]
+        k_rows = (k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh)[:, None]
         if BUG == "k_with_q_norm":  # k normalized with q's weights
             kw_ptr = qw_ptr
-        y1, y2, rest = norm_rope_row(k_row, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        dst = ((b * L + row) * HKV + kvh) * D
-        tl.store(kc_ptr + dst + i, y1, mask=mask & in_cache)
-        tl.store(kc_ptr + dst + HALF + i, y2, mask=mask & in_cache)
-        tl.store(kc_ptr + dst + j, rest, mask=rest_mask & in_cache)
+        k1, k2, k_rest = norm_rope_row(k_rows, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        dst = (((b * L + row) * HKV + kvh) * D)[:, None]
+        tl.store(kc_ptr + dst + i, k1, mask=row_ok & mask)
+        tl.store(kc_ptr + dst + HALF + i, k2, mask=row_ok & mask)
+        tl.store(kc_ptr + dst + j, k_rest, mask=row_ok & rest_mask)
         d = tl.arange(0, BLOCK_D)
-        d_mask = (d < D) & in_cache
-        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d_mask)
-        tl.store(vc_ptr + dst + d, v, mask=d_mask)
+        v = tl.load((v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh)[:, None] + d, mask=d < D)
+        tl.store(vc_ptr + dst + d, v, mask=row_ok & (d < D))
 
 
 def _rope_kv_store(q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_norm, eps, bug):
@@ -334,12 +337,15 @@ def _rope_kv_store(q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_nor
     kv_heads, half = k_cache.shape[2], cos.shape[-1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     rest = dim - 2 * half
-    _rope_kv_store_kernel[(batch * seq, q_heads + kv_heads)](
+    block_half = triton.next_power_of_2(half)
+    block_hq, block_hkv = heads_per_program(q_heads, block_half), heads_per_program(kv_heads, block_half)
+    blocks = triton.cdiv(q_heads, block_hq) + triton.cdiv(kv_heads, block_hkv)
+    _rope_kv_store_kernel[(batch * seq, blocks)](
         q, k, v, cos.contiguous(), sin.contiguous(), k_cache, v_cache, start_pos,
         q if q_norm is None else q_norm, q if k_norm is None else k_norm, out, eps,
         seq, k_cache.shape[1], q_heads, kv_heads, dim, half,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        HAS_NORM=q_norm is not None, BLOCK_HALF=triton.next_power_of_2(half),
+        HAS_NORM=q_norm is not None, BLOCK_HQ=block_hq, BLOCK_HKV=block_hkv, BLOCK_HALF=block_half,
         BLOCK_REST=triton.next_power_of_2(rest) if rest else 1, BLOCK_D=triton.next_power_of_2(dim), BUG=bug,
     )  # fmt: skip
     return out

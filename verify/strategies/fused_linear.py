@@ -17,7 +17,7 @@ from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, wei
 from verify.strategies.kv_cache import STARTS, _starts
 from verify.strategies.norm import NORM_WEIGHTS
 from verify.strategies.rope import BASES, TABLES, rope_tables, rotary_dim_of
-from verify.strategies.rope_kv_store import program_budget
+from verify.strategies.rope_kv_store import token_budget
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
 
@@ -234,8 +234,8 @@ def add_rms_norm_linear_rope_kv_store_params(limits: Limits) -> st.SearchStrateg
     def fit(params: dict) -> dict:
         heads = params["kv_heads"] * (params["group"] + 2)
         elements = limits.gemm**2 // (heads * params["head_dim"] * params["b"])
-        programs = program_budget(limits) // (params["b"] * params["kv_heads"] * (params["group"] + 1))
-        return {**params, "m": max(1, min(params["m"], elements, programs))}
+        tokens = token_budget(limits) // params["b"]  # the composed path runs rope_kv_store
+        return {**params, "m": max(1, min(params["m"], elements, tokens))}
 
     return st.fixed_dictionaries(fields).map(fit)
 
