@@ -80,7 +80,7 @@ def kv_cache_store(
     if batch * seq * heads * dim == 0:
         return
     block_d = triton.next_power_of_2(dim)
-    block_h = heads_per_program(heads, block_d)
+    block_h = heads_per_program(heads, block_d, batch * seq)
     _kv_cache_store_kernel[(batch * seq, triton.cdiv(heads, block_h))](
         k_cache,
         v_cache,

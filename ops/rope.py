@@ -197,7 +197,7 @@ def apply_rope(
         return result
     rest = dim - 2 * half
     block_half = triton.next_power_of_2(half)
-    block_h = heads_per_program(heads, block_half)
+    block_h = heads_per_program(heads, block_half, batch * seq)
     _apply_rope_kernel[(batch * seq, triton.cdiv(heads, block_h))](
         x,
         cos,

@@ -158,8 +158,8 @@ def rope_kv_store(
 
     rest = dim - 2 * half
     block_half = triton.next_power_of_2(half)
-    block_hq = heads_per_program(q_heads, block_half)
-    block_hkv = heads_per_program(kv_heads, block_half)
+    block_hq = heads_per_program(q_heads, block_half, batch * seq)
+    block_hkv = heads_per_program(kv_heads, block_half, batch * seq)
     blocks = triton.cdiv(q_heads, block_hq) + triton.cdiv(kv_heads, block_hkv)
     _rope_kv_store_kernel[(batch * seq, blocks)](
         q,

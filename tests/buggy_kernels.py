@@ -338,7 +338,8 @@ def _rope_kv_store(q, k, v, cos, sin, k_cache, v_cache, start_pos, q_norm, k_nor
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     rest = dim - 2 * half
     block_half = triton.next_power_of_2(half)
-    block_hq, block_hkv = heads_per_program(q_heads, block_half), heads_per_program(kv_heads, block_half)
+    block_hq = heads_per_program(q_heads, block_half, batch * seq)
+    block_hkv = heads_per_program(kv_heads, block_half, batch * seq)
     blocks = triton.cdiv(q_heads, block_hq) + triton.cdiv(kv_heads, block_hkv)
     _rope_kv_store_kernel[(batch * seq, blocks)](
         q, k, v, cos.contiguous(), sin.contiguous(), k_cache, v_cache, start_pos,

@@ -1,13 +1,16 @@
 """The fused qk-norm + RoPE + KV cache store: planted bugs are caught, it agrees with the unfused
-ops it replaces, and it writes into a preallocated ``out`` (the CUDA Graph decode buffers)."""
+ops it replaces, and it writes into a preallocated ``out`` (the CUDA Graph decode buffers). The
+head tiles of the head-wise kernels: the GPU's layouts verify on the interpreter too."""
 
 from __future__ import annotations
+
+import types
 
 import pytest
 import torch
 
 import registry
-from ops import backend, kv_cache, norm, rope
+from ops import backend, heads, kv_cache, norm, rope
 from ops.rope_kv_store import rope_kv_store
 from tests import buggy_kernels
 from verify.compare import check, clone_args
@@ -82,3 +85,34 @@ def test_preallocated_out_is_used_and_checked() -> None:
         rope_kv_store(*args, out=out[:, :, :-1].contiguous())
     with pytest.raises(TypeError, match="out"):
         rope_kv_store(*args, out=out.float())
+
+
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["interpreter", "cuda"])
+def test_heads_per_program(on_gpu: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter takes every head in one tile (up to 4096 elements); a GPU halves the tile
+    until the grid fills about a wave, down to a head a program at decode."""
+    monkeypatch.setattr(heads, "backend", types.SimpleNamespace(is_interpreter=lambda: not on_gpu))
+    cases = {(16, 64, 1): (16, 1), (64, 128, 1): (32, 1), (8, 64, 32): (8, 2), (16, 64, 256): (16, 16)}
+    for args, want in cases.items():
+        assert heads.heads_per_program(*args) == want[on_gpu], args
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("apply_rope", {}),
+        ("apply_rope", {"s": 16, "heads": 8}),
+        ("kv_cache_store", {"heads": 3}),
+        ("rope_kv_store", {}),
+        ("rope_kv_store", {"s": 16, "capacity": 20, "group": 4}),
+    ],
+    ids=["apply_rope", "apply_rope-2-heads", "kv_cache_store", "rope_kv_store", "rope_kv_store-2-heads"],
+)
+def test_the_gpus_head_tiles_pass_on_the_interpreter(name: str, overrides: dict, monkeypatch) -> None:
+    """The tiles a GPU takes (a head a program for these few tokens; two heads for 32 tokens of
+    8 heads) pass the same check as the interpreter's whole-token tiles."""
+    monkeypatch.setattr(heads, "backend", types.SimpleNamespace(is_interpreter=lambda: False))
+    spec = registry.get(name)
+    case = spec.build({**spec.typical, **overrides}, DEVICE)
+    result = check(spec, case, spec.impl)
+    assert result.passed, result
