@@ -199,6 +199,7 @@ def rope_kv_store(
         BLOCK_HALF=block_half,
         BLOCK_REST=triton.next_power_of_2(rest) if rest else 1,  # 1: an always-masked stub
         BLOCK_D=triton.next_power_of_2(dim),
+        num_warps=2,  # 4 warps lowered a one-head tile with qk-norm to 3x the instructions
         **pdl.launch_options(),
     )
     return result
