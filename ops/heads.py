@@ -25,10 +25,11 @@ def heads_per_program(heads: int, row_block: int, tokens: int) -> int:
 
     The interpreter runs programs one by one at a cost per operation, not per element (a head
     row a program ran at 10-25 ms), so it takes all the heads, up to 4096 elements a tile. A
-    GPU wants its programs in flight instead: it halves the tile until the grid fills about a
-    wave (at decode's one token, a head a program: the Qwen3-0.6B step measured 0.733 ms/token
-    with all heads in one tile against 0.720-0.723 with a head a program; a 256-token prefill
-    was faster in tiles, 1.65-1.73 ms against 1.79-1.89).
+    GPU halves the tile until the grid fills about a wave: at decode's one token that keeps the
+    layout the kernels had before tiles, a head a program (Qwen3-0.6B's step: 0.721 ms/token
+    against 0.719-0.720 for the per-head kernel), and a 256-token prefill runs whole tiles
+    (1.66 ms against 1.86-1.89). Whole tiles at decode measured 0.733, but at 4 warps, whose
+    lowering of them turned out poor (``ops/rope_kv_store.py``): untimed at 2.
     """
     per = min(triton.next_power_of_2(heads), max(1, 4096 // row_block))
     if backend.is_interpreter():
