@@ -31,7 +31,7 @@ def heads_per_program(heads: int, row_block: int, tokens: int) -> int:
     (1.66 ms against 1.86-1.89). Whole tiles at decode measured 0.733, but at 4 warps, whose
     lowering of them turned out poor (``ops/rope_kv_store.py``): untimed at 2.
     """
-    per = min(triton.next_power_of_2(heads), max(1, 4096 // row_block))
+    per = max(1, min(triton.next_power_of_2(heads), 4096 // row_block))  # >= 1 with no heads too
     if backend.is_interpreter():
         return per
     while per > 1 and tokens * triton.cdiv(heads, per) < GPU_PROGRAMS:

@@ -93,8 +93,24 @@ def test_heads_per_program(on_gpu: bool, monkeypatch: pytest.MonkeyPatch) -> Non
     until the grid fills about a wave, down to a head a program at decode."""
     monkeypatch.setattr(heads, "backend", types.SimpleNamespace(is_interpreter=lambda: not on_gpu))
     cases = {(16, 64, 1): (16, 1), (64, 128, 1): (32, 1), (8, 64, 32): (8, 2), (16, 64, 256): (16, 16)}
+    cases |= {(0, 64, 1): (1, 1), (3, 8192, 1): (1, 1)}  # a tile is never empty
     for args, want in cases.items():
         assert heads.heads_per_program(*args) == want[on_gpu], args
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(0, 2), (4, 0)])
+def test_a_side_without_heads(q_heads: int, kv_heads: int) -> None:
+    """No q heads, or no kv heads: the other side's programs alone run, as the unfused ops do."""
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    q = torch.randn(1, 2, q_heads, 32, generator=gen, device=DEVICE).bfloat16()
+    k = torch.randn(1, 2, kv_heads, 32, generator=gen, device=DEVICE).bfloat16()
+    v = torch.randn(1, 2, kv_heads, 32, generator=gen, device=DEVICE).bfloat16()
+    cos, sin = rope.rope_cos_sin(torch.arange(2, device=DEVICE)[None], 32, 10000.0)
+    caches = [torch.zeros(1, 4, kv_heads, 32, dtype=torch.bfloat16, device=DEVICE) for _ in range(4)]
+    start = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    out = rope_kv_store(q, k, v, cos, sin, caches[0], caches[1], start)
+    want = _unfused(q, k, v, cos, sin, caches[2], caches[3], start, None, None, 1e-6)
+    assert torch.equal(out, want) and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
 
 @pytest.mark.parametrize(
