@@ -11,9 +11,10 @@ from ops import backend
 
 @triton.jit
 def head_block(block, H, BLOCK_H: tl.constexpr):
-    """Head block ``block`` of ``H``: (head indices to read, as int64, and which are real). The
-    padding past ``H`` re-reads the last head, so every read is in bounds; its stores are masked."""
-    heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
+    """Head block ``block`` of ``H`` as ``[BLOCK_H, 1]`` columns, to offset row starts by: (head
+    indices to read, as int64, and which are real). The padding past ``H`` re-reads the last
+    head, so every read is in bounds; its stores are masked."""
+    heads = (block * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     return tl.minimum(heads, H - 1).to(tl.int64), heads < H
 
 

@@ -2,7 +2,7 @@
 
 A launch patches ``tl``'s builtins to their interpreted versions once, runs every program, and
 restores them. But each call of a ``@triton.jit`` helper from inside a kernel (``pdl.wait``,
-``_gemv_chunk``, ``norm_rope_row``, ...) patches them all again: ``inspect.getmembers`` over the
+``_gemv_chunk``, ``norm_rope_rows``, ...) patches them all again: ``inspect.getmembers`` over the
 language modules, ~3 ms a call: skipping it took the embedded model's e2e run from 128 to 68 s. The
 repeat changes nothing when the helper's modules are among those the launch already patched (every
 module here imports only ``triton.language as tl``), so :func:`install` skips it then; a helper

@@ -44,10 +44,10 @@ def _kv_cache_store_kernel(
     s = (token % S).to(tl.int64)
     row = tl.load(start_ptr + b).to(tl.int64) + s
     d = tl.arange(0, BLOCK_D)
-    mask = (head_ok & (row < L) & (row >= 0))[:, None] & (d < D)
-    k = tl.load((k_ptr + b * stride_kb + s * stride_ks + head * stride_kh)[:, None] + d, mask=mask)
-    v = tl.load((v_ptr + b * stride_vb + s * stride_vs + head * stride_vh)[:, None] + d, mask=mask)
-    dst = (((b * L + row) * H + head) * D)[:, None] + d
+    mask = head_ok & (row < L) & (row >= 0) & (d < D)
+    k = tl.load(k_ptr + b * stride_kb + s * stride_ks + head * stride_kh + d, mask=mask)
+    v = tl.load(v_ptr + b * stride_vb + s * stride_vs + head * stride_vh + d, mask=mask)
+    dst = ((b * L + row) * H + head) * D + d
     tl.store(kc_ptr + dst, k, mask=mask)
     tl.store(vc_ptr + dst, v, mask=mask)
 

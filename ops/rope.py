@@ -92,8 +92,8 @@ def rope_cos_sin(
 
 
 @triton.jit
-def norm_rope_row(
-    x_row,
+def norm_rope_rows(
+    x_rows,
     w_ptr,
     c,
     sn,
@@ -104,19 +104,19 @@ def norm_rope_row(
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
 ):
-    """Head rows as (rotated first half, rotated second half, pass-through rest), each rounded to
-    the rows' dtype; with ``HAS_NORM`` each row is first RMS-normalized by ``w_ptr`` and ``eps``
-    (``ops.rope_kv_store``). ``x_row`` (and ``w_ptr``) is one row's start, or a ``[R, 1]`` block
-    of row starts, every one readable: the results are then ``[R, BLOCK_HALF]``. ``BLOCK_REST``
-    >= 1: with no pass-through dims it is a masked stub."""
-    dtype = x_row.dtype.element_ty
+    """Head rows as (rotated first half, rotated second half, pass-through rest), each
+    ``[R, BLOCK_HALF]`` (``[R, BLOCK_REST]``) and rounded to the rows' dtype; with ``HAS_NORM``
+    each row is first RMS-normalized by ``w_ptr`` and ``eps`` (``ops.rope_kv_store``). ``x_rows``
+    is a ``[R, 1]`` block of row starts, every one readable. ``BLOCK_REST`` >= 1: with no
+    pass-through dims it is a masked stub."""
+    dtype = x_rows.dtype.element_ty
     i = tl.arange(0, BLOCK_HALF)
     mask = i < HALF
     j = 2 * HALF + tl.arange(0, BLOCK_REST)
     rest_mask = j < D
-    x1 = tl.load(x_row + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    rest = tl.load(x_row + j, mask=rest_mask, other=0.0).to(tl.float32)
+    x1 = tl.load(x_rows + i, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_rows + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    rest = tl.load(x_rows + j, mask=rest_mask, other=0.0).to(tl.float32)
     if HAS_NORM:  # rms_norm over the whole row (all three parts), rounded as the separate op rounds
         # the scale is requested with the row, before the reduction, so the two trips overlap
         w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
@@ -168,14 +168,13 @@ def _apply_rope_kernel(
     mask = i < HALF
     c = tl.load(cos_ptr + b * stride_cb + s * stride_cs + i, mask=mask, other=0.0)
     sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
-    x_rows = (x_ptr + b * stride_xb + s * stride_xs + head * stride_xh)[:, None]
-    y1, y2, rest = norm_rope_row(x_rows, x_rows, c, sn, 0.0, D, HALF, False, BLOCK_HALF, BLOCK_REST)
-    out_rows = (out_ptr + (token.to(tl.int64) * H + head) * D)[:, None]
-    row_ok = head_ok[:, None]
-    tl.store(out_rows + i, y1, mask=row_ok & mask)
-    tl.store(out_rows + HALF + i, y2, mask=row_ok & mask)
+    x_rows = x_ptr + b * stride_xb + s * stride_xs + head * stride_xh
+    y1, y2, rest = norm_rope_rows(x_rows, x_rows, c, sn, 0.0, D, HALF, False, BLOCK_HALF, BLOCK_REST)
+    out_rows = out_ptr + (token.to(tl.int64) * H + head) * D
+    tl.store(out_rows + i, y1, mask=head_ok & mask)
+    tl.store(out_rows + HALF + i, y2, mask=head_ok & mask)
     j = 2 * HALF + tl.arange(0, BLOCK_REST)  # partial rotary: the dims past 2 * HALF pass through
-    tl.store(out_rows + j, rest, mask=row_ok & (j < D))
+    tl.store(out_rows + j, rest, mask=head_ok & (j < D))
 
 
 def apply_rope(

@@ -10,7 +10,7 @@ are rotated into ``out``; for kv heads the rotated k and plain v go straight int
 
 The result matches the unfused ops: the normalized row is rounded to the input dtype before
 the rotation (the separate rms_norm op outputs in that dtype), and the rotation is the same
-fp32 ``x1 * c - x2 * s, x2 * c + x1 * s`` as ``ops.rope`` (its ``norm_rope_row``), rounded once.
+fp32 ``x1 * c - x2 * s, x2 * c + x1 * s`` as ``ops.rope`` (its ``norm_rope_rows``), rounded once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ops import pdl, validate
 from ops.heads import head_block, heads_per_program
-from ops.rope import norm_rope_row
+from ops.rope import norm_rope_rows
 
 
 @triton.jit
@@ -77,26 +77,25 @@ def _rope_kv_store_kernel(
     rest_mask = j < D
     c = tl.load(cos_ptr + b * stride_cb + s * stride_cs + i, mask=mask, other=0.0)
     sn = tl.load(sin_ptr + b * stride_sb + s * stride_ss + i, mask=mask, other=0.0)
-    q_blocks = (HQ + BLOCK_HQ - 1) // BLOCK_HQ
+    q_blocks = tl.cdiv(HQ, BLOCK_HQ)
     if block < q_blocks:  # q heads: rotate into out[b, s, head]
         head, q_ok = head_block(block, HQ, BLOCK_HQ)
-        x_rows = (q_ptr + b * stride_qb + s * stride_qs + head * stride_qh)[:, None]
-        q1, q2, q_rest = norm_rope_row(x_rows, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        out_rows = (out_ptr + (token.to(tl.int64) * HQ + head) * D)[:, None]
-        out_ok = q_ok[:, None]
-        tl.store(out_rows + i, q1, mask=out_ok & mask)
-        tl.store(out_rows + HALF + i, q2, mask=out_ok & mask)
-        tl.store(out_rows + j, q_rest, mask=out_ok & rest_mask)
+        x_rows = q_ptr + b * stride_qb + s * stride_qs + head * stride_qh
+        q1, q2, q_rest = norm_rope_rows(x_rows, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        out_rows = out_ptr + (token.to(tl.int64) * HQ + head) * D
+        tl.store(out_rows + i, q1, mask=q_ok & mask)
+        tl.store(out_rows + HALF + i, q2, mask=q_ok & mask)
+        tl.store(out_rows + j, q_rest, mask=q_ok & rest_mask)
     else:  # kv heads: rotated k and plain v into cache row start_pos[b] + s, if it exists
         kvh, kv_ok = head_block(block - q_blocks, HKV, BLOCK_HKV)
         row = tl.load(start_ptr + b).to(tl.int64) + s
         # v is requested with the cache row, not after k's math: its read is in bounds either way
         d = tl.arange(0, BLOCK_D)
-        v = tl.load((v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh)[:, None] + d, mask=d < D)
-        row_ok = (kv_ok & (row < L) & (row >= 0))[:, None]
-        k_rows = (k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh)[:, None]
-        k1, k2, k_rest = norm_rope_row(k_rows, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        dst = (((b * L + row) * HKV + kvh) * D)[:, None]
+        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d < D)
+        row_ok = kv_ok & (row < L) & (row >= 0)
+        k_rows = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
+        k1, k2, k_rest = norm_rope_rows(k_rows, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        dst = ((b * L + row) * HKV + kvh) * D
         tl.store(kc_ptr + dst + i, k1, mask=row_ok & mask)
         tl.store(kc_ptr + dst + HALF + i, k2, mask=row_ok & mask)
         tl.store(kc_ptr + dst + j, k_rest, mask=row_ok & rest_mask)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from ops import norm
 from ops.heads import head_block, heads_per_program
-from ops.rope import norm_rope_row
+from ops.rope import norm_rope_rows
 
 
 @triton.jit
@@ -303,32 +303,31 @@ def _rope_kv_store_kernel(
     sn = tl.load(sin_ptr + token.to(tl.int64) * HALF + i, mask=mask, other=0.0)
     if BUG == "rotated_backwards":  # x1 * c + x2 * s, x2 * c - x1 * s: the angle's sign flipped
         sn = -sn
-    q_blocks = (HQ + BLOCK_HQ - 1) // BLOCK_HQ
+    q_blocks = tl.cdiv(HQ, BLOCK_HQ)
     if block < q_blocks:
         head, q_ok = head_block(block, HQ, BLOCK_HQ)
-        x_rows = (q_ptr + b * stride_qb + s * stride_qs + head * stride_qh)[:, None]
-        q1, q2, q_rest = norm_rope_row(x_rows, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        out_rows = (out_ptr + (token.to(tl.int64) * HQ + head) * D)[:, None]
-        out_ok = q_ok[:, None]
-        tl.store(out_rows + i, q1, mask=out_ok & mask)
-        tl.store(out_rows + HALF + i, q2, mask=out_ok & mask)
-        tl.store(out_rows + j, q_rest, mask=out_ok & rest_mask)
+        x_rows = q_ptr + b * stride_qb + s * stride_qs + head * stride_qh
+        q1, q2, q_rest = norm_rope_rows(x_rows, qw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        out_rows = out_ptr + (token.to(tl.int64) * HQ + head) * D
+        tl.store(out_rows + i, q1, mask=q_ok & mask)
+        tl.store(out_rows + HALF + i, q2, mask=q_ok & mask)
+        tl.store(out_rows + j, q_rest, mask=q_ok & rest_mask)
     else:
         kvh, kv_ok = head_block(block - q_blocks, HKV, BLOCK_HKV)
         row = tl.load(start_ptr + b).to(tl.int64) + s
         if BUG == "next_row":  # one cache row too far
             row += 1
-        row_ok = (kv_ok & (row < L) & (row >= 0))[:, None]
-        k_rows = (k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh)[:, None]
+        row_ok = kv_ok & (row < L) & (row >= 0)
+        k_rows = k_ptr + b * stride_kb + s * stride_ks + kvh * stride_kh
         if BUG == "k_with_q_norm":  # k normalized with q's weights
             kw_ptr = qw_ptr
-        k1, k2, k_rest = norm_rope_row(k_rows, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
-        dst = (((b * L + row) * HKV + kvh) * D)[:, None]
+        k1, k2, k_rest = norm_rope_rows(k_rows, kw_ptr, c, sn, eps, D, HALF, HAS_NORM, BLOCK_HALF, BLOCK_REST)
+        dst = ((b * L + row) * HKV + kvh) * D
         tl.store(kc_ptr + dst + i, k1, mask=row_ok & mask)
         tl.store(kc_ptr + dst + HALF + i, k2, mask=row_ok & mask)
         tl.store(kc_ptr + dst + j, k_rest, mask=row_ok & rest_mask)
         d = tl.arange(0, BLOCK_D)
-        v = tl.load((v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh)[:, None] + d, mask=d < D)
+        v = tl.load(v_ptr + b * stride_vb + s * stride_vs + kvh * stride_vh + d, mask=d < D)
         tl.store(vc_ptr + dst + d, v, mask=row_ok & (d < D))
 
 
