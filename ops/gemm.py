@@ -351,7 +351,11 @@ def _gemv_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if ONE_STEP:  # K in one chunk, straight-line: no loop and no second (tail) copy of the chunk
+    # K in one chunk, straight-line: no loop and no second (tail) copy of the chunk. ptxas issues
+    # most of its weight loads after x's round trip, and holds the [1, BLOCK_N, BLOCK_K] products
+    # in registers; forcing the loads first, or reducing the chunk straight to [1, BLOCK_N] (fewer
+    # registers, more programs an SM), each measured slower in the decode step (PERFORMANCE.md).
+    if ONE_STEP:
         one_chunk_masked: tl.constexpr = not EVEN_K
         acc = _gemv_chunk(
             acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
