@@ -113,7 +113,7 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro(tmp_path: Path) -
         (("rms_norm", "--impl", "just_a_name"), "is not MODULE:FN or FILE.py:FN"),
         (("rms_norm", "--case", "{not json"), "--case: not JSON"),
         (("rms_norm", "--case", "[1, 2]"), "--case: expected a JSON object of rms_norm fields"),
-        (("rms_norm", "--case", "{}"), "--case: no field 'lead'; a rms_norm case has"),
+        (("rms_norm", "--case", "{}"), "--case: no field 'lead'; rms_norm cases have the fields"),
         (("rms_norm", "--list"), "--list lists every op; it takes no op name (got 'rms_norm')"),
         (("rms_norm", "--case", '{"n": "7"}'), "--case: field 'n' is '7'; expected int"),
         (("silu_mul", "--case", '{"fused": 1}'), "--case: field 'fused' is 1; expected bool"),
@@ -188,7 +188,7 @@ def test_a_case_that_is_no_valid_call_exits_2() -> None:
     typical = registry.get("rms_norm").typical
     splitk = registry.get("linear_splitk").typical
     for op, case, extra, message in (
-        ("rms_norm", {**typical, "extra": 1}, (), "--case: unknown field 'extra'; a rms_norm case has"),
+        ("rms_norm", {**typical, "extra": 1}, (), "--case: unknown field 'extra'; rms_norm cases have the fields"),
         (
             "rms_norm",
             {**typical, "eps": -1},

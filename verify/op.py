@@ -254,7 +254,7 @@ def _given_case(spec, text: str):
         raise UsageError(f"--case: expected a JSON object of {spec.name} fields ({fields}), got {params!r}")
     unknown = sorted(set(params) - set(known))
     if unknown:
-        raise UsageError(f"--case: unknown field {unknown[0]!r}; a {spec.name} case has {fields}")
+        raise UsageError(f"--case: unknown field {unknown[0]!r}; {spec.name} cases have the fields {fields}")
     for name, value in params.items():
         if not any(_same_kind(value, like) for like in known[name]):
             like = known[name][0]
@@ -264,7 +264,7 @@ def _given_case(spec, text: str):
     try:
         return spec.build(params, backend.device())
     except KeyError as exc:
-        raise UsageError(f"--case: no field {exc.args[0]!r}; a {spec.name} case has {fields}") from None
+        raise UsageError(f"--case: no field {exc.args[0]!r}; {spec.name} cases have the fields {fields}") from None
     except Exception as exc:  # whatever a builder makes of values of the wrong kind
         raise UsageError(f"--case is not a valid {spec.name} case: {type(exc).__name__}: {exc}") from None
 
