@@ -188,7 +188,12 @@ def test_a_case_that_is_no_valid_call_exits_2() -> None:
     typical = registry.get("rms_norm").typical
     splitk = registry.get("linear_splitk").typical
     for op, case, extra, message in (
-        ("rms_norm", {**typical, "extra": 1}, (), "--case: unknown field 'extra'; rms_norm cases have the fields"),
+        (
+            "rms_norm",
+            {**typical, "extra": 1},
+            (),
+            "--case: unknown field 'extra'; rms_norm cases have the fields",
+        ),
         (
             "rms_norm",
             {**typical, "eps": -1},

@@ -264,7 +264,9 @@ def _given_case(spec, text: str):
     try:
         return spec.build(params, backend.device())
     except KeyError as exc:
-        raise UsageError(f"--case: no field {exc.args[0]!r}; {spec.name} cases have the fields {fields}") from None
+        raise UsageError(
+            f"--case: no field {exc.args[0]!r}; {spec.name} cases have the fields {fields}"
+        ) from None
     except Exception as exc:  # whatever a builder makes of values of the wrong kind
         raise UsageError(f"--case is not a valid {spec.name} case: {type(exc).__name__}: {exc}") from None
 
