@@ -250,11 +250,12 @@ def _given_case(spec, text: str):
         raise UsageError(f"--case: not JSON ({exc})") from None
     known = _known_fields(spec)
     fields = ", ".join(sorted(known))
+    listing = f"{spec.name} cases have the fields {fields}"
     if not isinstance(params, dict):
         raise UsageError(f"--case: expected a JSON object of {spec.name} fields ({fields}), got {params!r}")
     unknown = sorted(set(params) - set(known))
     if unknown:
-        raise UsageError(f"--case: unknown field {unknown[0]!r}; {spec.name} cases have the fields {fields}")
+        raise UsageError(f"--case: unknown field {unknown[0]!r}; {listing}")
     for name, value in params.items():
         if not any(_same_kind(value, like) for like in known[name]):
             like = known[name][0]
@@ -264,9 +265,7 @@ def _given_case(spec, text: str):
     try:
         return spec.build(params, backend.device())
     except KeyError as exc:
-        raise UsageError(
-            f"--case: no field {exc.args[0]!r}; {spec.name} cases have the fields {fields}"
-        ) from None
+        raise UsageError(f"--case: no field {exc.args[0]!r}; {listing}") from None
     except Exception as exc:  # whatever a builder makes of values of the wrong kind
         raise UsageError(f"--case is not a valid {spec.name} case: {type(exc).__name__}: {exc}") from None
 
