@@ -141,7 +141,11 @@ def _gemv_chunk(
     acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, store_sum, k_left, K, eps,
     PROLOGUE: tl.constexpr, MASKED: tl.constexpr, BLOCK_M: tl.constexpr, ONE_STEP: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w."""
+    """One BLOCK_K step of ``_gemv_kernel``: load x (through the prologue) and w, accumulate x * w.
+
+    One row in one step returns the ``[BLOCK_N, BLOCK_K]`` products themselves (``acc`` unused):
+    a 2-D tile reduces within warps, where the ``[1, BLOCK_N, BLOCK_K]`` accumulator of the
+    other paths goes through a shared-memory layout change first."""
     k_ok = offs_k < k_left
     a = x_ptrs  # placeholders where the prologue reads no second operand or norm scale
     scale = inv_rms
@@ -160,11 +164,12 @@ def _gemv_chunk(
         if PROLOGUE == "add_rms_norm":
             scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
     x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps, PROLOGUE, ONE_STEP)
-    prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if BLOCK_M == 1:
-        acc += prod
+    if BLOCK_M == 1 and ONE_STEP:  # the whole row times the block's rows, [BLOCK_N, BLOCK_K]
+        acc = x.to(tl.float32) * w.to(tl.float32)
+    elif BLOCK_M == 1:
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     else:
-        acc += tl.sum(prod, axis=2)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     return acc
 
 
@@ -351,10 +356,13 @@ def _gemv_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # K in one chunk, straight-line: no loop and no second (tail) copy of the chunk. ptxas issues
-    # most of its weight loads after x's round trip, and holds the [1, BLOCK_N, BLOCK_K] products
-    # in registers; forcing the loads first, or reducing the chunk straight to [1, BLOCK_N] (fewer
-    # registers, more programs an SM), each measured slower in the decode step (PERFORMANCE.md).
+    # K in one chunk, straight-line: no loop and no second (tail) copy of the chunk. At M=1 the
+    # products are a [BLOCK_N, BLOCK_K] tile held in registers until after the release: the 3-D
+    # [1, BLOCK_N, BLOCK_K] tile before it cost gate_up 4 KB of shared memory and 10 more CTA
+    # barriers (a layout change before the reduction), and the article decode step 0.680 against
+    # 0.657 ms/token (H200, 2026-12-01). ptxas issues most of the weight loads after x's round
+    # trip; forcing them first, or reducing the chunk straight to [1, BLOCK_N] (fewer registers,
+    # more programs an SM), each measured slower in the step (PERFORMANCE.md).
     if ONE_STEP:
         one_chunk_masked: tl.constexpr = not EVEN_K
         acc = _gemv_chunk(
@@ -381,7 +389,9 @@ def _gemv_kernel(
                 k_len - k_full, K, eps, PROLOGUE, True, BLOCK_M, ONE_STEP,
             )  # fmt: skip
     pdl.release(PDL)  # after the stream, not before: see ops.pdl
-    if BLOCK_M == 1:
+    if BLOCK_M == 1 and ONE_STEP:
+        acc = tl.sum(acc, axis=1)[None, :]
+    elif BLOCK_M == 1:
         acc = tl.sum(acc, axis=2)
 
     if HAS_BIAS:
