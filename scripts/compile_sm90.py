@@ -8,7 +8,9 @@ kernels swapped for recorders (nothing executes); specializes each launch's argu
 Triton's JIT would (``1`` and multiples of 16, 16-byte aligned pointers, ``do_not_specialize``
 honoured); compiles it to PTX; and reports per launch its registers and spills (ptxas), shared
 memory, how many of its programs an SM holds and so in how many waves its grid runs (a partial
-last wave idles SMs), and its global-load instruction mix: 2-byte loads of a decode GEMM's
+last wave idles SMs), its CTA barriers (``bar.sync``: each a cross-warp reduction or a layout
+change through shared memory; a 3-D gemv tile's layout change cost the article decode step
+0.023 ms/token), and its global-load instruction mix: 2-byte loads of a decode GEMM's
 weights mean its stream lost its 16-byte vectors. A launch fails when it does not compile, or
 when its PTX touches global memory before ``griddepcontrol.wait``: the PDL contract of
 ``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the compiler made of it).
@@ -41,6 +43,7 @@ from triton.compiler import ASTSource
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = GPUTarget("cuda", 90, 32)
 SMS = 132  # the H200's
+BARRIERS = re.compile(r"\bbar\.sync\b")
 LOADS = re.compile(r"\b(?:ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
 MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
@@ -98,6 +101,7 @@ class Recorder:
             entry["loads"] = dict(collections.Counter(LOADS.findall(ptx)))
             entry["registers"], entry["spill_bytes"] = _register_use(ptx)
             entry["shared_bytes"] = compiled.metadata.shared
+            entry["barriers"] = len(BARRIERS.findall(ptx))
             threads = 32 * compiled.metadata.num_warps
             entry["programs_per_sm"] = _programs_per_sm(entry["registers"], threads, entry["shared_bytes"])
             wait, first = ptx.find("griddepcontrol.wait"), MEMORY.search(ptx)
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     run_ops(install_recorders(results))
     rows = sorted(results.values(), key=lambda e: e["kernel"])
-    print(f"{'kernel':38} {'launched for':40} regs spill smem/KB per-SM programs waves  global loads")
+    print(f"{'kernel':38} {'launched for':40} regs spill smem/KB bars per-SM programs waves  global loads")
     for entry in rows:
         for label, programs in entry["launches"].items():
             if "error" in entry:
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             loads = " ".join(f"{n}:{c}" for n, c in sorted(entry["loads"].items()))
             print(
                 f"{entry['kernel']:38} {label[:40]:40} {entry['registers']:4} {entry['spill_bytes']:5} "
-                f"{entry['shared_bytes'] / 1024:7.1f} {per_sm:6} {programs:8} {waves:5.2f}  {loads}"
+                f"{entry['shared_bytes'] / 1024:7.1f} {entry['barriers']:4} {per_sm:6} {programs:8} "
+                f"{waves:5.2f}  {loads}"
             )
     failed = [e for e in rows if "error" in e]
     ok = len(rows) - len(failed)
