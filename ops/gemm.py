@@ -353,8 +353,8 @@ def _gemv_kernel(
         bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
 
     if BLOCK_M == 1:  # one row: accumulate elementwise, reduce over K once after the loop
-        # (2-D: as [1, BLOCK_N, BLOCK_K], down took 4.99 us and lm_head 74.0, against 4.82 and
-        # 72.5, and the article step 0.657 against 0.650 ms/token; H200, 2026-12-01)
+        # (a 2-D tile: with a [1, BLOCK_N, BLOCK_K] one down took 4.99 us and lm_head 74.0, against
+        # 4.82 and 72.5 now, and the article step 0.657 against 0.650 ms/token; H200, 2026-12-01)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
