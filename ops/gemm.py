@@ -353,18 +353,17 @@ def _gemv_kernel(
         bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
 
     if BLOCK_M == 1:  # one row: accumulate elementwise, reduce over K once after the loop
-        # (a 2-D tile: with a [1, BLOCK_N, BLOCK_K] one down took 4.99 us and lm_head 74.0, against
-        # 4.82 and 72.5 now, and the article step 0.657 against 0.650 ms/token; H200, 2026-12-01)
+        # A 2-D tile (see _gemv_chunk). As [1, BLOCK_N, BLOCK_K], gate_up took 4 KB of shared
+        # memory and 10 more CTA barriers, and on the H200 (2026-12-01) the article decode step
+        # measured 0.680 ms/token with it in both paths, 0.657 with the one-step path 2-D, 0.650
+        # with both (down 4.99 -> 4.82 us, lm_head 74.0 -> 72.5).
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:  # a few rows: reduce every step, a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator is too big
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # K in one chunk, straight-line: no loop and no second (tail) copy of the chunk. At M=1 the
-    # products are a [BLOCK_N, BLOCK_K] tile held in registers until after the release: the 3-D
-    # [1, BLOCK_N, BLOCK_K] tile before it cost gate_up 4 KB of shared memory and 10 more CTA
-    # barriers (a layout change before the reduction), and the article decode step 0.680 against
-    # 0.657 ms/token (H200, 2026-12-01). ptxas issues most of the weight loads after x's round
-    # trip; forcing them first, or reducing the chunk straight to [1, BLOCK_N] (fewer registers,
-    # more programs an SM), each measured slower in the step (PERFORMANCE.md).
+    # K in one chunk, straight-line: no loop and no second (tail) copy of the chunk. At M=1 its
+    # products stay in registers until after the release. ptxas issues most of the weight loads
+    # after x's round trip; forcing them first, or reducing the chunk straight to [1, BLOCK_N]
+    # (fewer registers, more programs an SM), each measured slower in the step (PERFORMANCE.md).
     if ONE_STEP:
         one_chunk_masked: tl.constexpr = not EVEN_K
         acc = _gemv_chunk(
