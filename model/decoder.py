@@ -84,9 +84,9 @@ Interceptor = Callable[[OpCall, Callable[[], Any]], Any]
 
 
 @functools.cache  # asked on every op call: keep inspect off the per-token path
-def _accepts_out(fn: Callable) -> bool:
+def _accepts(fn: Callable, keyword: str) -> bool:
     try:
-        return "out" in inspect.signature(fn).parameters
+        return keyword in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 
@@ -164,22 +164,27 @@ class Decoder:
             qkv = ("add_rms_norm_linear_rope_kv_store",)
         return (*qkv, "attention", "linear", "add_rms_norm_linear_silu_mul", "linear")
 
-    def op(self, layer: int, point: str, name: str, *args: Any, slot: int = 0) -> Any:
+    def op(
+        self, layer: int, point: str, name: str, *args: Any, slot: int = 0, static_weight: bool = False
+    ) -> Any:
         """Call op ``name`` at hook ``point`` of ``layer``.
 
         Static mode: the first call's outputs become the buffers that later calls write into
         (``out=``); ``slot`` keeps apart buffers that are alive at the same time (the residual
-        streams of consecutive ``add_rms_norm`` calls). An ``interceptor`` (the verification
-        tools) sees every call with its arguments and decides when it runs.
+        streams of consecutive ``add_rms_norm`` calls). ``static_weight``: the call's weight is
+        a loaded one, written by no kernel of the step, which implementations that take the
+        keyword (``ops.gemm.linear``) may read early; others never see it. An ``interceptor``
+        (the verification tools) sees every call with its arguments and decides when it runs.
         """
         fn = self.overrides.get((name, layer), self.impls[name])
         key = (point, name, slot, self._shape)
         buffers = self.buffers.get(key) if self.static else None
+        options = {"static_weight": True} if static_weight and _accepts(fn, "static_weight") else {}
 
         def run() -> Any:
-            if buffers is not None and _accepts_out(fn):
-                return fn(*args, out=buffers)
-            result = fn(*args)
+            if buffers is not None and _accepts(fn, "out"):
+                return fn(*args, out=buffers, **options)
+            result = fn(*args, **options)
             if self.static and result is not None and buffers is None:
                 self.buffers[key] = result if isinstance(result, torch.Tensor) else tuple(result)
             return result
@@ -245,7 +250,7 @@ class Decoder:
             qkv, residual = self._qkv(n, x, residual)
             q = self._rope_kv_store(n, qkv, cos, sin, start_pos)
         a = self.op(n, "attention", "attention", q, k_cache, v_cache, seq_lens, self.scale)
-        o = self.op(n, "o_proj", "linear", a.reshape(rows, c.q_size), w.o_proj, None)
+        o = self.op(n, "o_proj", "linear", a.reshape(rows, c.q_size), w.o_proj, None, static_weight=True)
         inter = c.intermediate_size
         if self.fused:
             act, total = self.op(
@@ -260,7 +265,7 @@ class Decoder:
             )  # fmt: skip
             gate_up = self.op(n, "gate_up_proj", "linear", h.view(rows, hidden), w.gate_up, None)
             act = self.op(n, "silu_mul", "silu_mul", gate_up[:, :inter], gate_up[:, inter:])
-        down = self.op(n, "down_proj", "linear", act, w.down, None)
+        down = self.op(n, "down_proj", "linear", act, w.down, None, static_weight=True)
         return down.view(batch, seq, hidden), residual
 
     def _qkv(self, n: int, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,5 +344,5 @@ class Decoder:
             MODEL_LAYER, "final_norm", "add_rms_norm", x, residual, w.final_norm, c.rms_norm_eps, slot=4
         )
         rows = h.view(batch * seq, c.hidden_size) if all_logits else h[:, -1]
-        logits = self.op(MODEL_LAYER, "lm_head", "linear", rows, w.lm_head, None)
+        logits = self.op(MODEL_LAYER, "lm_head", "linear", rows, w.lm_head, None, static_weight=True)
         return logits.view(batch, seq, c.vocab_size) if all_logits else logits

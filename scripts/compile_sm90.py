@@ -13,7 +13,8 @@ change through shared memory; a 3-D gemv tile's layout change cost the article d
 0.023 ms/token), and its global-load instruction mix: 2-byte loads of a decode GEMM's
 weights mean its stream lost its 16-byte vectors. A launch fails when it does not compile, or
 when its PTX touches global memory before ``griddepcontrol.wait``: the PDL contract of
-``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the compiler made of it).
+``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the compiler made of it),
+where only a launch with ``EARLY_WEIGHT`` may load (its weight chunk) there.
 
 Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a launch fails)
 """
@@ -46,7 +47,7 @@ SMS = 132  # the H200's
 BARRIERS = re.compile(r"\bbar\.sync\b")
 LOADS = re.compile(r"\b(?:ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
-MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
+MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
 
 
 class Recorder:
@@ -104,8 +105,11 @@ class Recorder:
             entry["barriers"] = len(BARRIERS.findall(ptx))
             threads = 32 * compiled.metadata.num_warps
             entry["programs_per_sm"] = _programs_per_sm(entry["registers"], threads, entry["shared_bytes"])
-            wait, first = ptx.find("griddepcontrol.wait"), MEMORY.search(ptx)
-            if wait < 0 or (first is not None and first.start() < wait):
+            wait = ptx.find("griddepcontrol.wait")
+            early = [m.group(1) for m in MEMORY.finditer(ptx, 0, max(wait, 0))]
+            if entry["constexprs"].get("EARLY_WEIGHT"):  # the weight chunk's loads only
+                early = [op for op in early if op != "ld.global"]
+            if wait < 0 or early:
                 entry["error"] = "PDL: global memory is touched before griddepcontrol.wait in the PTX"
         except Exception as error:  # reported per launch; the run goes on
             entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
@@ -204,8 +208,8 @@ def run_ops(recorders: list[Recorder]) -> None:
                     label(f"{preset} decode {proj.name}")
             if proj.name == "gate_up_proj":  # and the SwiGLU gate in the epilogue
                 fused_linear.add_rms_norm_linear_silu_mul(x, torch.empty_like(x), norm, 1e-6, w)
-            if proj.name != "gate_up_proj":  # plain: layer 0's qkv_proj, o_proj, down_proj, lm_head
-                gemm.linear(x, w, bias)
+            if proj.name != "gate_up_proj":  # plain; o, down and lm_head on the model's static weights
+                gemm.linear(x, w, bias, static_weight=proj.name != "qkv_proj")
             if preset != "article":
                 continue
             label(f"article prefill {proj.name}")

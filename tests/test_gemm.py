@@ -90,6 +90,21 @@ def test_one_step_gemv_matches_reference_on_drawn_cases(data: st.DataObject) -> 
     assert result.passed, f"{config.describe()}: {result.describe()}"
 
 
+EARLY_EVEN_K = (GemmConfig("gemv", 1, 16, 128, num_stages=1), (1, 40, 128, {"bias": True}))
+
+
+@pytest.mark.parametrize(("config", "shape"), [*PATHS, pytest.param(*EARLY_EVEN_K, id="one step EVEN_K M1")])
+def test_static_weight_gives_the_same_bits(config: GemmConfig, shape: tuple) -> None:
+    """``static_weight=True`` (the one-step M=1 gemv requests its weight before the PDL wait, on
+    the GPU) computes what the plain launch computes, bit for bit, on every path: the early
+    chunk, its K tail and layouts, and the paths that ignore the promise."""
+    m, n, k, extra = shape
+    x, w, b = _linear_case(m, n, k, **extra).args
+    plain = gemm.launch(x, w, b, config)
+    early = gemm.launch(x, w, b, config, static_weight=True)
+    assert torch.equal(plain.view(torch.uint8), early.view(torch.uint8))
+
+
 def test_gemv_config_refuses_large_m() -> None:
     x, w, b = _linear_case(5, 8, 8).args
     with pytest.raises(ValueError, match="config"):

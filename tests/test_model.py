@@ -300,3 +300,25 @@ def test_positions_and_lengths_per_row(static: bool) -> None:
         rope_cos_sin(positions.contiguous(), 16, 10000.0),
     )
     assert all(torch.equal(a, b) for a, b in zip(strided, contiguous, strict=True))
+
+
+def test_loaded_weights_reach_linear_as_static_and_other_impls_never_see_the_keyword() -> None:
+    """o_proj, down_proj and lm_head are called with ``static_weight=True`` where the
+    implementation takes it (``ops.gemm.linear`` may then read the weight early); the reference
+    and ``--inject``-style implementations without the keyword are called as before."""
+    ref_model, tri = _models("qwen2")
+    seen: list[tuple[int, bool]] = []
+    linear = tri.impls["linear"]
+
+    def recording(x, weight, bias=None, *, out=None, static_weight=False):
+        seen.append((weight.shape[0], static_weight))
+        return linear(x, weight, bias, out=out, static_weight=static_weight)
+
+    tri.impls["linear"] = recording
+    ids = torch.tensor([[1, 2, 3]], device=DEVICE)
+    start = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    tri.forward(ids, start)
+    c = tri.config
+    layers = c.num_layers
+    assert seen == [(c.hidden_size, True), (c.hidden_size, True)] * layers + [(c.vocab_size, True)]
+    ref_model.forward(ids, start)  # the reference linear takes no static_weight: it must not be passed
