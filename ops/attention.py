@@ -30,7 +30,10 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
   Combining the splits in the prologue of the o_proj gemv instead (every gemv program
   combines the whole attention row as it loads x; commit b9426ce) measured 0.903 ms/token
   against 0.708 (H200, 2026-11-30, same call): its 128 programs each read the row's 53 KB of
-  partials from L2 and the projection took 9-15 us against 3.4 for combine + o_proj.
+  partials from L2 and the projection took 9-15 us against 3.4 for combine + o_proj. A split
+  kernel without ``tl.dot`` (a program per query row, one warp, 2-D products reduced in
+  registers, no shared memory) measured 0.670 against 0.650 (2026-12-01): the padded dot runs
+  on the tensor cores, one warp's FMAs take longer than the dot's shared-memory trips.
 
 ``seq_lens`` is never read on the host (a captured graph replays at every length), so device
 values the wrapper cannot check are made safe in the kernel instead: ``seq_len > L`` reads
