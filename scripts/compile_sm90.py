@@ -166,6 +166,7 @@ def install_recorders(results: dict) -> list[Recorder]:
 def run_ops(recorders: list[Recorder]) -> None:
     import registry
     from model.config import PRESETS
+    from model.decoder import STATIC_WEIGHT_POINTS
     from ops import attention, fused_linear, gemm
     from verify.strategies.gemm import MODEL_PROJECTIONS
 
@@ -209,7 +210,7 @@ def run_ops(recorders: list[Recorder]) -> None:
             if proj.name == "gate_up_proj":  # and the SwiGLU gate in the epilogue
                 fused_linear.add_rms_norm_linear_silu_mul(x, torch.empty_like(x), norm, 1e-6, w)
             if proj.name != "gate_up_proj":  # plain; o, down and lm_head on the model's static weights
-                gemm.linear(x, w, bias, static_weight=proj.name != "qkv_proj")
+                gemm.linear(x, w, bias, static_weight=proj.name in STATIC_WEIGHT_POINTS)
             if preset != "article":
                 continue
             label(f"article prefill {proj.name}")

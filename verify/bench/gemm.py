@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from model.decoder import STATIC_WEIGHT_POINTS
 from ops import gemm, gemm_config
 from ops.gemm_config import GemmConfig, gemv_config, tiled_config
 from verify import cli
@@ -139,11 +140,6 @@ def check_output(y: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
     return err <= 2 * rounding + 1e-5 * ref.abs().max().item(), err
 
 
-# The projections the decoder runs through plain ``linear`` on its loaded weights, declared
-# static there (``static_weight``); qkv and gate_up run inside fused ops that take no such promise.
-STATIC_IN_MODEL = ("o_proj", "down_proj", "lm_head")
-
-
 def ours(problem: Problem, config: GemmConfig) -> Callable[[torch.Tensor], torch.Tensor]:
     """``w -> launch(...)`` on buffers allocated once, as the CUDA Graph runner does, with the
     weight declared static where the model declares it."""
@@ -152,7 +148,7 @@ def ours(problem: Problem, config: GemmConfig) -> Callable[[torch.Tensor], torch
     partials = None
     if config.split_k > 1:
         partials = torch.empty(config.split_k, m, n, device=device, dtype=torch.float32)
-    static = problem.proj.name in STATIC_IN_MODEL
+    static = problem.proj.name in STATIC_WEIGHT_POINTS
     return lambda w: gemm.launch(
         problem.x, w, problem.bias, config, out=out, partials=partials, static_weight=static
     )
