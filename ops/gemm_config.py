@@ -139,11 +139,16 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (256, 4096, 1024): tiled_config(64, 128, 64, 1, 4, 4),  # qkv_proj 7.81 us, cuBLAS 6.37 us
     # (in the Qwen3 step, 2026-11-30, one process: this table 0.733 ms/token; o_proj n2 k256 w2 s8
     # 0.750, n2 k512 w2 s4 0.743, n4 k256 w2 s8 0.745; qkv n8 k1024 0.749, n2 k1024 w2 0.759)
-    (1, 1024, 2048): gemv_config(2, 1024, 1, 2, 1),  # o_proj 3.87 us, cuBLAS 12.78 us
+    # o_proj and down in one K step (down masked, 3072 of 4096 lanes), so that static_weight's
+    # early request applies to them (H200, 2026-12-01, one process): 0.672 ms/token against 0.724
+    # for o_proj n2 k1024 w2 in two steps and down n2 k256 w2 s8; o_proj alone one step 0.689;
+    # down n2 k4096 w4 0.673, n1 k4096 w4 0.677. (The article's and Qwen2.5's down lost that way,
+    # K = 4864 in 8192 lanes: 0.662-0.683 vs 0.655, 0.560-0.565 vs 0.549.)
+    (1, 1024, 2048): gemv_config(2, 2048, 1, 4, 1),  # o_proj
     (256, 1024, 2048): tiled_config(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
     (1, 6144, 1024): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.813 vs 0.870 ms/token
     (256, 6144, 1024): tiled_config(128, 128, 64, 1, 4, 4),  # gate_up_proj 9.61 us, cuBLAS 7.88 us
-    (1, 1024, 3072): gemv_config(2, 256, 1, 2, 8),  # down_proj
+    (1, 1024, 3072): gemv_config(2, 4096, 1, 8, 1),  # down_proj
     (256, 1024, 3072): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 9.50 us, cuBLAS 7.85 us
     # Qwen2.5-0.5B: hidden 896, heads 14/2 x 64, intermediate 4864, QKV bias
     # qkv at 4 outputs a program as the article's (2 rotation pairs): 0.614 vs 0.623 ms/token in
