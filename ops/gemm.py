@@ -289,11 +289,16 @@ def _gemv_kernel(
     EPILOGUE: tl.constexpr = "none",
     HEAD_DIM: tl.constexpr = 2,
     EARLY_WEIGHT: tl.constexpr = False,
+    PIECE1: tl.constexpr = 0,
+    PIECE2: tl.constexpr = 0,
 ):
     """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split.
 
     ``EARLY_WEIGHT`` (one step only; ``linear(static_weight=True)``): the weight chunk is requested
     before the PDL wait, the one read the wait's contract lets through (see ``linear``).
+    ``PIECE1``, ``PIECE2`` (M=1, one step, no prologue or epilogue; 0: none): K is BLOCK_K plus
+    these two smaller powers of two (4864 = 4096 + 512 + 256), each read whole, so a K that is
+    no power of two still streams in one unmasked step (``_k_pieces``).
 
     ``PROLOGUE`` fuses the op that produced x into the load of each x chunk, so its output never
     goes through memory: ``"add_rms_norm"`` (x + a, normalized by the whole row's rms and scaled by
@@ -330,11 +335,21 @@ def _gemv_kernel(
     x_ptrs = x_ptr + k_base * stride_xk + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + k_base * stride_wk + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
     a_ptrs = a_ptr + k_base * stride_ak + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    if PIECE1 > 0:  # one step of K = BLOCK_K + PIECE1 + PIECE2, each piece read whole
+        offs_piece1 = BLOCK_K + tl.arange(0, PIECE1)
+        w_piece1_ptrs = w_ptr + cols[:, None] * stride_wn + offs_piece1[None, :] * stride_wk
+    if PIECE2 > 0:
+        offs_piece2 = BLOCK_K + PIECE1 + tl.arange(0, PIECE2)
+        w_piece2_ptrs = w_ptr + cols[:, None] * stride_wn + offs_piece2[None, :] * stride_wk
     if EARLY_WEIGHT:  # written by no kernel that may still run: its stream overlaps their tail
         if EVEN_K:
             w_early = tl.load(w_ptrs)
         else:
             w_early = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+        if PIECE1 > 0:
+            w_piece1 = tl.load(w_piece1_ptrs)
+        if PIECE2 > 0:
+            w_piece2 = tl.load(w_piece2_ptrs)
     else:
         w_early = None
     pdl.wait(PDL)
@@ -383,6 +398,16 @@ def _gemv_kernel(
             acc, x_ptrs, w_ptrs, a_ptrs, sum_ptrs, norm_ptrs, inv_rms, offs_k, offs_m, M, pid_n == 0,
             K, K, eps, PROLOGUE, one_chunk_masked, BLOCK_M, ONE_STEP, w_early, EARLY_WEIGHT,
         )  # fmt: skip
+        if PIECE1 > 0:
+            if not EARLY_WEIGHT:
+                w_piece1 = tl.load(w_piece1_ptrs)
+            x_piece1 = tl.load(x_ptr + rows[:, None] * stride_xm + offs_piece1[None, :] * stride_xk)
+            acc_piece1 = x_piece1.to(tl.float32) * w_piece1.to(tl.float32)
+        if PIECE2 > 0:
+            if not EARLY_WEIGHT:
+                w_piece2 = tl.load(w_piece2_ptrs)
+            x_piece2 = tl.load(x_ptr + rows[:, None] * stride_xm + offs_piece2[None, :] * stride_xk)
+            acc_piece2 = x_piece2.to(tl.float32) * w_piece2.to(tl.float32)
     else:
         # Whole BLOCK_K chunks without masks (masked loads lose their 16-byte vectors), then the
         # tail. tl.range pipelines these loads (num_stages only pipelines loads into tl.dot).
@@ -405,6 +430,10 @@ def _gemv_kernel(
     pdl.release(PDL)  # after the stream, not before: see ops.pdl
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=1)[None, :]
+    if PIECE1 > 0:
+        acc += tl.sum(acc_piece1, axis=1)[None, :]
+    if PIECE2 > 0:
+        acc += tl.sum(acc_piece2, axis=1)[None, :]
 
     if HAS_BIAS:
         acc += bias[None, :]
@@ -581,6 +610,20 @@ def _reduce(partials: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) 
     )
 
 
+def _k_pieces(k: int, block_k: int) -> tuple[int, int]:
+    """K past a first ``block_k`` chunk as one or two smaller powers of two, at least 16 each
+    (4864 = 4096 + 512 + 256 -> (512, 256)), so one step reads it unmasked; (0, 0) where
+    ``block_k`` is not K's largest power of two or the rest needs more or smaller pieces.
+    Taken by ``num_stages=1`` configs (one step: nothing to pipeline) whose block_k < K."""
+    rest = k - block_k
+    if not 0 < rest < block_k:
+        return 0, 0
+    parts = [1 << b for b in range(rest.bit_length() - 1, -1, -1) if rest >> b & 1]
+    if len(parts) > 2 or parts[-1] < 16:
+        return 0, 0
+    return parts[0], parts[1] if len(parts) == 2 else 0
+
+
 def _fit_stages(stages: int, elems_per_stage: int, elem_bytes: int) -> int:
     """Fewer pipeline stages where a config tuned for bf16 meets fp32 operands (twice the bytes)."""
     while stages > 1 and stages * elems_per_stage * elem_bytes > SMEM_BYTES:
@@ -642,7 +685,9 @@ def run(
     if config.kernel == "gemv":
         block_m = triton.next_power_of_2(m)
         p = prologue or Prologue("none", x)
-        one_step = split == 1 and k <= block_k
+        whole_pieces = split == 1 and m == 1 and config.num_stages == 1 and p.kind == epilogue == "none"
+        pieces = _k_pieces(k, block_k) if whole_pieces else (0, 0)
+        one_step = split == 1 and (k <= block_k or pieces[0] > 0)
         _gemv_kernel[(triton.cdiv(n, outputs_per_program), split)](
             x,
             weight,
@@ -667,7 +712,7 @@ def run(
             HAS_BIAS=fused_bias,
             PROLOGUE=p.kind,
             ONE_STEP=one_step,
-            EVEN_K=k % block_k == 0,
+            EVEN_K=k % block_k == 0 or pieces[0] > 0,
             NORM_BLOCK=min(triton.next_power_of_2(k), MAX_NORM_BLOCK),
             EPILOGUE=epilogue,
             HEAD_DIM=rope.k_cache.shape[3] if rope is not None else 2,
@@ -676,6 +721,8 @@ def run(
             BLOCK_K=block_k,
             NUM_STAGES=_fit_stages(config.num_stages, (block_m + block_n) * block_k, x.element_size()),
             EARLY_WEIGHT=static_weight and one_step and block_m == 1,
+            PIECE1=pieces[0],
+            PIECE2=pieces[1],
             num_warps=config.num_warps,
             **pdl.launch_options(),
         )

@@ -129,8 +129,12 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # down at 2 warps, 256-wide chunks 8 deep (K = 4864 and 3072 are whole chunks: no masked tail
     # step), against the n2/n8 k512 w4 s4 and n4 k512 w4 s3 before it, in the decode step (H200,
     # 2026-11-30): article 0.681 and 0.682 vs 0.693 and 0.694 ms/token (against a copy, same
-    # call); in one process Qwen2.5 shape 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740
-    (1, 1024, 4864): gemv_config(2, 256, 1, 2, 8),  # down_proj
+    # call); in one process Qwen2.5 shape 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740.
+    # Then (2026-12-01) in one K step of whole pieces, 4096 + 512 + 256 (ops.gemm._k_pieces), so
+    # that static_weight's early request applies: 0.652 vs 0.660 ms/token in one process (n1 k4096
+    # w4 0.657, n2 k4096 w8 0.665, n1 k4096 w2 0.666, n4 k4096 w8 0.675; one masked 8192-lane
+    # step 0.662-0.683 vs 0.655); Qwen2.5 shape 0.544 vs 0.552 (n1 k4096 w4 0.548, w8 0.552)
+    (1, 1024, 4864): gemv_config(2, 4096, 1, 4, 1),  # down_proj
     (256, 1024, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
     (1, 151936, 1024): gemv_config(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
     (256, 151936, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
@@ -142,8 +146,9 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # o_proj and down in one K step (down masked, 3072 of 4096 lanes), so that static_weight's
     # early request applies to them (H200, 2026-12-01, one process): 0.672 ms/token against 0.724
     # for o_proj n2 k1024 w2 in two steps and down n2 k256 w2 s8; o_proj alone one step 0.689;
-    # down n2 k4096 w4 0.673, n1 k4096 w4 0.677. (The article's and Qwen2.5's down lost that way,
-    # K = 4864 in 8192 lanes: 0.662-0.683 vs 0.655, 0.560-0.565 vs 0.549.)
+    # down n2 k4096 w4 0.673, n1 k4096 w4 0.677; in whole pieces, 2048 + 1024, n2 k2048 w4 0.676,
+    # w8 0.681 vs 0.672. (The article's and Qwen2.5's down lost as one masked step, K = 4864 in
+    # 8192 lanes, 0.662-0.683 vs 0.655 and 0.560-0.565 vs 0.549, and gained in whole pieces.)
     (1, 1024, 2048): gemv_config(2, 2048, 1, 4, 1),  # o_proj
     (256, 1024, 2048): tiled_config(64, 64, 64, 4, 4, 4),  # o_proj 8.22 us, cuBLAS 6.51 us
     (1, 6144, 1024): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.813 vs 0.870 ms/token
@@ -159,7 +164,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (256, 896, 896): tiled_config(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
     (1, 9728, 896): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.699 vs 0.798 ms/token
     (256, 9728, 896): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us
-    (1, 896, 4864): gemv_config(2, 256, 1, 2, 8),  # down_proj
+    (1, 896, 4864): gemv_config(2, 4096, 1, 4, 1),  # down_proj, in pieces as the article's
     (256, 896, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.47 us, cuBLAS 10.45 us
     (1, 151936, 896): gemv_config(32, 256, 1, 4, 4),  # lm_head 71.47 us, cuBLAS 68.62 us
     (256, 151936, 896): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 133.55 us, cuBLAS 106.37 us

@@ -35,9 +35,9 @@ def test_every_kernel_compiles_for_sm90_and_decode_gemvs_load_16_bytes(tmp_path:
     assert len(decode) >= 12
     early = {label for e in decode if e["constexprs"]["EARLY_WEIGHT"] for label in e["launches"]}
     # the model's one-step static-weight gemvs request their weight before the PDL wait (ops/gemm.py
-    # linear): o_proj, and Qwen3's down_proj (its K = 3072 in one masked step)
-    one_step = {"article decode o_proj", "qwen2.5-0.5b decode o_proj", "qwen3-0.6b decode o_proj"}
-    assert one_step | {"qwen3-0.6b decode down_proj"} <= early, early
+    # linear): o_proj, and down_proj (Qwen3's K = 3072 in one masked step, 4864 in whole pieces)
+    one_step = {f"{preset} {point}" for preset in presets for point in ("o_proj", "down_proj")}
+    assert one_step <= early, early
     for entry in decode:  # the weight stream in 16-byte loads or cp.async copies, never 2-byte ones
         narrow = sum(count for op, count in entry["loads"].items() if op.endswith(".b16"))
         bias = entry["constexprs"]["BLOCK_N"] if entry["constexprs"]["HAS_BIAS"] else 0
@@ -45,5 +45,8 @@ def test_every_kernel_compiles_for_sm90_and_decode_gemvs_load_16_bytes(tmp_path:
         assert entry["spill_bytes"] == 0, entry  # registers are printed; spills are never right here
         if entry["constexprs"]["ONE_STEP"] and entry["constexprs"]["BLOCK_M"] == 1:
             # no layout change through shared memory before the reduction: a [1, BLOCK_N, BLOCK_K]
-            # tile took 2-4 KB and cost the article decode step 0.023 ms/token (ops/gemm.py)
-            assert entry["shared_bytes"] <= 512, entry
+            # tile took 2-4 KB and cost the article decode step 0.023 ms/token (ops/gemm.py). K in
+            # whole pieces adds the pieces' sums, each in its tile's layout, through shared memory:
+            # 2 KB at down's n2 k4096 w4 (the step measured with that: 0.652 vs 0.660 ms/token)
+            pieces = entry["constexprs"]["PIECE1"] > 0
+            assert entry["shared_bytes"] <= (2048 if pieces else 512), entry

@@ -90,14 +90,55 @@ def test_one_step_gemv_matches_reference_on_drawn_cases(data: st.DataObject) -> 
     assert result.passed, f"{config.describe()}: {result.describe()}"
 
 
+# one step over K = block_k + one or two smaller powers of two, each read whole (ops.gemm._k_pieces)
+IN_PIECES = [
+    pytest.param(
+        GemmConfig("gemv", 1, 8, 64, num_stages=1),
+        (1, 40, 112, {"bias": True, "x_layout": "column_slice", "w_layout": "row_slice"}),
+        id="pieces 64+32+16",
+    ),
+    pytest.param(
+        GemmConfig("gemv", 1, 4, 64, num_stages=1),
+        (1, 33, 96, {"bias": False, "x_layout": "transposed", "w_layout": "transposed", "dtype": "float16"}),
+        id="pieces 64+32 fp16",
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "shape"), IN_PIECES)
+def test_k_in_whole_pieces_matches_reference(config: GemmConfig, shape: tuple) -> None:
+    m, n, k, extra = shape
+    assert gemm._k_pieces(k, config.block_k) != (0, 0)  # the case still takes the pieces path
+    case = _linear_case(m, n, k, **extra)
+    result = check(LINEAR, case, lambda x, w, b: gemm.launch(x, w, b, config))
+    assert result.passed, result.describe()
+
+
+@given(data=st.data())
+def test_k_in_whole_pieces_matches_reference_on_drawn_cases(data: st.DataObject) -> None:
+    """The one-step gemv over K = a power of two plus one or two smaller ones, each read whole
+    (the decode down_proj's path: 4864 = 4096 + 512 + 256), on the strategy's N, layouts, dtypes
+    and bias, any block width."""
+    params = {**data.draw(LINEAR.params(limits.current()), label="params"), "m": 1}
+    params["k"] = data.draw(st.sampled_from([48, 80, 96, 112, 144, 160]), label="k")
+    block_k = 1 << (params["k"].bit_length() - 1)
+    assert gemm._k_pieces(params["k"], block_k) != (0, 0)
+    event(f"K = {block_k} + " + " + ".join(str(p) for p in gemm._k_pieces(params["k"], block_k) if p))
+    config = GemmConfig("gemv", 1, data.draw(st.sampled_from([1, 2, 4, 16])), block_k, num_stages=1)
+    result = check(LINEAR, LINEAR.build(params, DEVICE), lambda x, w, b: gemm.launch(x, w, b, config))
+    assert result.passed, f"{config.describe()}: {result.describe()}"
+
+
 EARLY_EVEN_K = (GemmConfig("gemv", 1, 16, 128, num_stages=1), (1, 40, 128, {"bias": True}))
 
 
-@pytest.mark.parametrize(("config", "shape"), [*PATHS, pytest.param(*EARLY_EVEN_K, id="one step EVEN_K M1")])
+@pytest.mark.parametrize(
+    ("config", "shape"), [*PATHS, *IN_PIECES, pytest.param(*EARLY_EVEN_K, id="one step EVEN_K M1")]
+)
 def test_static_weight_gives_the_same_bits(config: GemmConfig, shape: tuple) -> None:
     """``static_weight=True`` (the one-step M=1 gemv requests its weight before the PDL wait, on
     the GPU) computes what the plain launch computes, bit for bit, on every path: the early
-    chunk, its K tail and layouts, and the paths that ignore the promise."""
+    chunk, its K tail, its whole pieces and layouts, and the paths that ignore the promise."""
     m, n, k, extra = shape
     x, w, b = _linear_case(m, n, k, **extra).args
     plain = gemm.launch(x, w, b, config)
