@@ -133,7 +133,9 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Then (2026-12-01) in one K step of whole pieces, 4096 + 512 + 256 (ops.gemm._k_pieces), so
     # that static_weight's early request applies: 0.652 vs 0.660 ms/token in one process (n1 k4096
     # w4 0.657, n2 k4096 w8 0.665, n1 k4096 w2 0.666, n4 k4096 w8 0.675; one masked 8192-lane
-    # step 0.662-0.683 vs 0.655); Qwen2.5 shape 0.544 vs 0.552 (n1 k4096 w4 0.548, w8 0.552)
+    # step 0.662-0.683 vs 0.655); Qwen2.5 shape 0.544 vs 0.552 (n1 k4096 w4 0.548, w8 0.552).
+    # Against a copy of the code before, same call: 0.631 vs 0.632-0.633 and 0.520 vs 0.521, so
+    # the step barely moves; alone down took 4.52 us against 4.81
     (1, 1024, 4864): gemv_config(2, 4096, 1, 4, 1),  # down_proj
     (256, 1024, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
     (1, 151936, 1024): gemv_config(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us

@@ -19,14 +19,15 @@ call, each twice): that preload in every one-step GEMV 0.729 against 0.694 witho
 o_proj GEMV (a fifth of a wave) also releasing at its start, so gate_up's programs are resident
 and loading while it streams, 0.724; and down releasing early too, 0.727. The preload in the
 o_proj GEMV alone, whose predecessors (attention's split and combine) leave DRAM idle, did win
-(2026-12-01: 0.632 against 0.650; qkv's too, 0.632): see ``ops.gemm.linear``'s ``static_weight``.
+(2026-12-01: 0.632 against 0.650; qkv's too, 0.632), as did down's once it streamed in one step
+(Qwen3's step 0.645 against 0.715 with o_proj's): see ``ops.gemm.linear``'s ``static_weight``.
 
 The contract every kernel launched with :func:`launch_options` keeps, in every program:
 
 * nothing before :func:`wait` reads memory an earlier kernel may have written, and nothing before
-  it writes memory at all (the one read let through: a gemv's weight chunk under its
-  ``EARLY_WEIGHT`` constexpr, set only when the caller promised, by ``linear(static_weight=True)``,
-  that no kernel still running writes that weight);
+  it writes memory at all (the one read let through: a gemv's weight chunk, K pieces included,
+  under its ``EARLY_WEIGHT`` constexpr, set only when the caller promised, by
+  ``linear(static_weight=True)``, that no kernel still running writes that weight);
 * :func:`wait` is reached unconditionally, so a kernel's completion implies its predecessor's,
   and a kernel two launches later that reads our inputs' producers is still ordered after them.
 
