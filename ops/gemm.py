@@ -298,7 +298,7 @@ def _gemv_kernel(
     before the PDL wait, the one read the wait's contract lets through (see ``linear``).
     ``PIECE1``, ``PIECE2`` (M=1, one step, no prologue or epilogue; 0: none): K is BLOCK_K plus
     these two smaller powers of two (4864 = 4096 + 512 + 256), each read whole, so a K that is
-    no power of two still streams in one unmasked step (``_k_pieces``).
+    no power of two still streams in one unmasked step (``k_pieces``).
 
     ``PROLOGUE`` fuses the op that produced x into the load of each x chunk, so its output never
     goes through memory: ``"add_rms_norm"`` (x + a, normalized by the whole row's rms and scaled by
@@ -610,7 +610,7 @@ def _reduce(partials: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) 
     )
 
 
-def _k_pieces(k: int, block_k: int) -> tuple[int, int]:
+def k_pieces(k: int, block_k: int) -> tuple[int, int]:
     """K past a first ``block_k`` chunk as one or two smaller powers of two, at least 16 each
     (4864 = 4096 + 512 + 256 -> (512, 256)), so one step reads it unmasked; (0, 0) where
     ``block_k`` is not K's largest power of two or the rest needs more or smaller pieces.
@@ -686,7 +686,7 @@ def run(
         block_m = triton.next_power_of_2(m)
         p = prologue or Prologue("none", x)
         whole_pieces = split == 1 and m == 1 and config.num_stages == 1 and p.kind == epilogue == "none"
-        pieces = _k_pieces(k, block_k) if whole_pieces else (0, 0)
+        pieces = k_pieces(k, block_k) if whole_pieces else (0, 0)
         one_step = split == 1 and (k <= block_k or pieces[0] > 0)
         _gemv_kernel[(triton.cdiv(n, outputs_per_program), split)](
             x,

@@ -130,7 +130,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # step), against the n2/n8 k512 w4 s4 and n4 k512 w4 s3 before it, in the decode step (H200,
     # 2026-11-30): article 0.681 and 0.682 vs 0.693 and 0.694 ms/token (against a copy, same
     # call); in one process Qwen2.5 shape 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740.
-    # Then (2026-12-01) in one K step of whole pieces, 4096 + 512 + 256 (ops.gemm._k_pieces), so
+    # Then (2026-12-01) in one K step of whole pieces, 4096 + 512 + 256 (ops.gemm.k_pieces), so
     # that static_weight's early request applies: 0.652 vs 0.660 ms/token in one process (n1 k4096
     # w4 0.657, n2 k4096 w8 0.665, n1 k4096 w2 0.666, n4 k4096 w8 0.675; one masked 8192-lane
     # step 0.662-0.683 vs 0.655); Qwen2.5 shape 0.544 vs 0.552 (n1 k4096 w4 0.548, w8 0.552).

@@ -90,7 +90,7 @@ def test_one_step_gemv_matches_reference_on_drawn_cases(data: st.DataObject) -> 
     assert result.passed, f"{config.describe()}: {result.describe()}"
 
 
-# one step over K = block_k + one or two smaller powers of two, each read whole (ops.gemm._k_pieces)
+# one step over K = block_k + one or two smaller powers of two, each read whole (ops.gemm.k_pieces)
 IN_PIECES = [
     pytest.param(
         GemmConfig("gemv", 1, 8, 64, num_stages=1),
@@ -108,7 +108,7 @@ IN_PIECES = [
 @pytest.mark.parametrize(("config", "shape"), IN_PIECES)
 def test_k_in_whole_pieces_matches_reference(config: GemmConfig, shape: tuple) -> None:
     m, n, k, extra = shape
-    assert gemm._k_pieces(k, config.block_k) != (0, 0)  # the case still takes the pieces path
+    assert gemm.k_pieces(k, config.block_k) != (0, 0)  # the case still takes the pieces path
     case = _linear_case(m, n, k, **extra)
     result = check(LINEAR, case, lambda x, w, b: gemm.launch(x, w, b, config))
     assert result.passed, result.describe()
@@ -122,8 +122,8 @@ def test_k_in_whole_pieces_matches_reference_on_drawn_cases(data: st.DataObject)
     params = {**data.draw(LINEAR.params(limits.current()), label="params"), "m": 1}
     params["k"] = data.draw(st.sampled_from([48, 80, 96, 112, 144, 160]), label="k")
     block_k = 1 << (params["k"].bit_length() - 1)
-    assert gemm._k_pieces(params["k"], block_k) != (0, 0)
-    event(f"K = {block_k} + " + " + ".join(str(p) for p in gemm._k_pieces(params["k"], block_k) if p))
+    assert gemm.k_pieces(params["k"], block_k) != (0, 0)
+    event(f"K = {block_k} + " + " + ".join(str(p) for p in gemm.k_pieces(params["k"], block_k) if p))
     config = GemmConfig("gemv", 1, data.draw(st.sampled_from([1, 2, 4, 16])), block_k, num_stages=1)
     result = check(LINEAR, LINEAR.build(params, DEVICE), lambda x, w, b: gemm.launch(x, w, b, config))
     assert result.passed, f"{config.describe()}: {result.describe()}"

@@ -541,6 +541,10 @@ def test_sweep_writes_table_entries_as_the_table_does() -> None:
     from verify.bench.gemm import _config_source, candidates_for
 
     assert not any(c.kernel == "gemv" for c in candidates_for(256, 1024, 1024))  # prefill: tiled only
+    # a long K also in one step, masked or in whole pieces (down_proj's 4864 = 4096 + 512 + 256)
+    described = {c.describe() for c in candidates_for(1, 1024, 4864)}
+    assert {"gemv n2 k8192 w4 s1", "gemv n2 k4096 w4 s1"} <= described, described
+    assert "gemv n2 k4096 w8 s1" in {c.describe() for c in candidates_for(1, 1024, 3072)}
     assert _config_source(GemmConfig.parse("gemv n8 k1024 w4 s1")) == "gemv_config(8, 1024, 1, 4, 1)"
     assert (
         _config_source(GemmConfig.parse("tiled 64x64 k64 splitK4 w4 s4"))

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from model.decoder import STATIC_WEIGHT_POINTS
 from ops import gemm, gemm_config
@@ -364,10 +365,27 @@ def _unique_problems(presets: list[str], phases: list[int]) -> list[tuple[str, P
     return out
 
 
+def one_step_candidates(k: int) -> list[GemmConfig]:
+    """Decode configs that read all of a long K (> 1024) in one step, so that a static weight is
+    requested before the PDL wait (``linear``'s ``static_weight``): one masked chunk, and, where
+    K is no power of two, whole pieces (``ops.gemm.k_pieces``: 4864 = 4096 + 512 + 256). On the
+    H200 these won in the decode step for Qwen3's o_proj and down and for the 4864-wide down."""
+    if k <= 1024:  # the fixed candidates' 1024-wide chunks already take such K in one step
+        return []
+    whole = triton.next_power_of_2(k)
+    configs = [gemv_config(2, whole, 1, w, 1) for w in (4, 8)]
+    if whole != k and gemm.k_pieces(k, whole // 2) != (0, 0):
+        configs += [gemv_config(n, whole // 2, 1, 4, 1) for n in (1, 2)]
+    return configs
+
+
 def candidates_for(m: int, n: int, k: int) -> list[GemmConfig]:
     """The phase's candidates plus the table's current pick and the default, without duplicates."""
     pool = [gemm_config.config_for(m, n, k), gemm_config.default_config(m, n, k)]
-    pool += DECODE_CANDIDATES if m <= gemm_config.GEMV_MAX_M else PREFILL_CANDIDATES
+    if m <= gemm_config.GEMV_MAX_M:
+        pool += [*DECODE_CANDIDATES, *(one_step_candidates(k) if m == 1 else [])]
+    else:
+        pool += PREFILL_CANDIDATES
     out: list[GemmConfig] = []
     for config in pool:
         split = min(config.split_k, max(1, -(-k // config.block_k)))
