@@ -176,6 +176,14 @@ def _gemv_chunk(
 
 
 @triton.jit
+def _piece_products(x_ptr, rows, offs, stride_xm, stride_xk, w):
+    """x's K range ``offs`` (a whole piece past the one-step chunk, see ``k_pieces``) times its
+    loaded weight piece: the fp32 ``[BLOCK_N, PIECE]`` products of the one row."""
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :] * stride_xk)
+    return x.to(tl.float32) * w.to(tl.float32)
+
+
+@triton.jit
 def _gemv_prologue(
     x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps,
     PROLOGUE: tl.constexpr, ONE_STEP: tl.constexpr,
@@ -401,13 +409,11 @@ def _gemv_kernel(
         if PIECE1 > 0:
             if not EARLY_WEIGHT:
                 w_piece1 = tl.load(w_piece1_ptrs)
-            x_piece1 = tl.load(x_ptr + rows[:, None] * stride_xm + offs_piece1[None, :] * stride_xk)
-            acc_piece1 = x_piece1.to(tl.float32) * w_piece1.to(tl.float32)
+            acc_piece1 = _piece_products(x_ptr, rows, offs_piece1, stride_xm, stride_xk, w_piece1)
         if PIECE2 > 0:
             if not EARLY_WEIGHT:
                 w_piece2 = tl.load(w_piece2_ptrs)
-            x_piece2 = tl.load(x_ptr + rows[:, None] * stride_xm + offs_piece2[None, :] * stride_xk)
-            acc_piece2 = x_piece2.to(tl.float32) * w_piece2.to(tl.float32)
+            acc_piece2 = _piece_products(x_ptr, rows, offs_piece2, stride_xm, stride_xk, w_piece2)
     else:
         # Whole BLOCK_K chunks without masks (masked loads lose their 16-byte vectors), then the
         # tail. tl.range pipelines these loads (num_stages only pipelines loads into tl.dot).
