@@ -515,6 +515,11 @@ def test_profile_step_order_gives_each_position_its_median_share() -> None:
     text = step_order(events, shares, steps=2)
     lines = [line.split() for line in text.splitlines() if line[:1].isdigit()]
     assert lines == [["0", "embed", "2.00"], ["1", "gemv", "3.00"], ["2", "attn", "7.00"]]
+    assert "last" not in text  # every position is already among the first
+    text = step_order(events, shares, steps=2, first=1, last=1)
+    lines = [line.split() for line in text.splitlines() if line[:1].isdigit()]
+    assert lines == [["0", "embed", "2.00"], ["2", "attn", "7.00"]]
+    assert "and its last 1" in text
     assert "differs" in step_order(events[:5], shares[:5], steps=2)
 
 

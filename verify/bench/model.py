@@ -191,20 +191,30 @@ def kernel_profile(runner: DecodeRunner, first: torch.Tensor, start: int, steps:
     return head + "\n" + timing.table(columns, table) + "\n" + step_order(events, shares, steps)
 
 
-def step_order(events: list, shares: list[float], steps: int, first: int = 16) -> str:
-    """The step's first kernels in launch order with their median busy share over the steps:
-    which op of a layer the time goes to (every layer launches the same sequence)."""
+def step_order(events: list, shares: list[float], steps: int, first: int = 16, last: int = 6) -> str:
+    """The step's first and last kernels in launch order with their median busy share over the
+    steps: which op of a layer the time goes to (every layer launches the same sequence), and
+    the head's (final norm, lm_head, argmax)."""
     order = sorted(range(len(events)), key=lambda i: events[i].time_range.start)
     per_step = len(order) // steps
     if per_step * steps != len(order):
         return "(kernel count differs between steps: no per-position breakdown)"
-    rows = []
-    for position in range(min(first, per_step)):
-        picks = [order[step * per_step + position] for step in range(steps)]
-        busy = statistics.median(shares[i] for i in picks)
-        rows.append([str(position), events[picks[0]].name[:60], f"{busy:.2f}"])
-    title = f"\nthe step's first {len(rows)} kernels in launch order (median busy us over {steps} steps)"
-    return title + "\n" + timing.table(["#", "kernel", "busy us"], rows)
+
+    def rows(positions: range) -> list[list[str]]:
+        out = []
+        for position in positions:
+            picks = [order[step * per_step + position] for step in range(steps)]
+            busy = statistics.median(shares[i] for i in picks)
+            out.append([str(position), events[picks[0]].name[:60], f"{busy:.2f}"])
+        return out
+
+    head = rows(range(min(first, per_step)))
+    tail = rows(range(max(len(head), per_step - last), per_step))
+    text = f"\nthe step's first {len(head)} kernels in launch order (median busy us over {steps} steps)"
+    text += "\n" + timing.table(["#", "kernel", "busy us"], head)
+    if tail:
+        text += f"\nand its last {len(tail)}\n" + timing.table(["#", "kernel", "busy us"], tail)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
