@@ -274,10 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                 "note": note,
             }
         )
-        print(
-            f"  {name}: prefill {rows[-1]['prefill_ms']} ms, decode {rows[-1]['decode_ms']} ms/token",
-            flush=True,
-        )
+        prefill = "-" if prefill_s is None else f"{prefill_s * 1e3:.2f} ms"
+        decode = "-" if decode_s is None else f"{decode_s * 1e3:.3f} ms/token"
+        print(f"  {name}: prefill {prefill}, decode {decode}", flush=True)  # progress; the table follows
 
     tri = triton_model.build(weights, 1, max_seq)
     prefill_runner = DecodeRunner(tri, 1, new_tokens=length)
