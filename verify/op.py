@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     if outcome.worst is not None:
         w = outcome.worst
         used = "" if w.used is None else f"{w.used:.0%} of its tolerance, "
-        print(f"  closest to failing: {used}max abs {w.max_abs:.3g} on {w.case.params_json()}")
+        diff = f"max abs diff from the reference {w.max_abs:.3g}"
+        print(f"  closest to failing: {used}{diff}, on {w.case.params_json()}")
         for o in w.outputs:
             if o.reason:
                 print(f"    {o.name}: {o.reason}")
