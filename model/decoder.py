@@ -88,21 +88,13 @@ class OpCall:
 Interceptor = Callable[[OpCall, Callable[[], Any]], Any]
 
 
-_ACCEPTS: dict[tuple[Callable, str], bool] = {}
-
-
-# Asked on every op call, so memoized (inspect stays off the per-token path); a constant to
-# torch.compile, which then neither traces inspect nor warns of a cache wrapper (the
-# benchmark's compiled peer runs this decoder).
-@torch.compiler.assume_constant_result
-def _accepts(fn: Callable, keyword: str) -> bool:
-    key = (fn, keyword)
-    if key not in _ACCEPTS:
-        try:
-            _ACCEPTS[key] = keyword in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            _ACCEPTS[key] = False
-    return _ACCEPTS[key]
+def _keywords(fn: Callable) -> frozenset[str]:
+    """Which of the keywords the decoder may pass (``out``, ``static_weight``) ``fn`` takes."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(k for k in ("out", "static_weight") if k in parameters)
 
 
 class Decoder:
@@ -127,6 +119,10 @@ class Decoder:
         self.config, self.weights, self.name, self.fused = c, weights, name, fused
         self.impls = dict(impls)
         self.overrides: dict[tuple[str, int], Callable] = {}
+        # Asked on every op call, so looked up once per implementation here and in ``inject``:
+        # inspect stays off the per-token path and out of what torch.compile traces (the
+        # benchmark's compiled peer runs this decoder).
+        self._takes = {fn: _keywords(fn) for fn in self.impls.values()}
         self.interceptor: Interceptor | None = None
         self.static = static
         self.buffers: dict[tuple, Any] = {}
@@ -154,6 +150,7 @@ class Decoder:
             raise ValueError(
                 f"{op} is not called in the layers of this decoder: {', '.join(self.layer_ops())}"
             )
+        self._takes[impl] = _keywords(impl)
         for layer in layers:
             self.overrides[(op, layer)] = impl
 
@@ -189,13 +186,16 @@ class Decoder:
         (the verification tools) sees every call with its arguments and decides when it runs.
         """
         fn = self.overrides.get((name, layer), self.impls[name])
+        takes = self._takes.get(fn)
+        if takes is None:  # an implementation set in ``impls`` after construction
+            takes = self._takes[fn] = _keywords(fn)
         key = (point, name, slot, self._shape)
         buffers = self.buffers.get(key) if self.static else None
-        static = point in STATIC_WEIGHT_POINTS and _accepts(fn, "static_weight")
+        static = point in STATIC_WEIGHT_POINTS and "static_weight" in takes
         options = {"static_weight": True} if static else {}
 
         def run() -> Any:
-            if buffers is not None and _accepts(fn, "out"):
+            if buffers is not None and "out" in takes:
                 return fn(*args, out=buffers, **options)
             result = fn(*args, **options)
             if self.static and result is not None and buffers is None:

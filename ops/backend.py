@@ -8,6 +8,7 @@ Force a backend with ``TRITONCHECK_BACKEND=cuda|interpreter`` (``auto`` is the d
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -27,19 +28,39 @@ def _resolve(requested: str) -> str:
     return requested
 
 
+def _check_language_interpreted() -> None:
+    """``triton.language``'s own jitted helpers (``tl.sum``, ``tl.max``, ...) take the mode of
+    the moment triton was first imported: imported before the interpreter was chosen, they stay
+    compiled-mode functions and every kernel using them fails under the interpreter ("Cannot
+    call @triton.jit'd outside of the scope of a kernel"). Say so, with the cure, instead."""
+    language = sys.modules.get("triton.language")
+    if language is None:
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(language.sum, InterpretedFunction):
+        raise RuntimeError(
+            "triton was imported before the interpreter backend was chosen, so its library "
+            "functions cannot run interpreted: import ops before anything that imports triton "
+            "(torch.compile and torch._dynamo do), or set TRITON_INTERPRET=1 in the environment"
+        )
+
+
 def configure() -> str:
     """Select the backend once per process and prepare Triton for it."""
     global _selected
     if _selected is None:
-        _selected = _resolve(os.environ.get(ENV_VAR, "auto"))
-        if _selected == "interpreter":
+        selected = _resolve(os.environ.get(ENV_VAR, "auto"))
+        if selected == "interpreter":
             os.environ["TRITON_INTERPRET"] = "1"
+            _check_language_interpreted()
             from ops import interpreter_calls, interpreter_compat
 
             interpreter_compat.install()  # checks the Triton release both patch
             interpreter_calls.install()
         elif os.environ.get("TRITON_INTERPRET") == "1":
             raise RuntimeError("TRITON_INTERPRET=1 is set but the cuda backend was selected")
+        _selected = selected
     return _selected
 
 

@@ -19,6 +19,7 @@ from ops import attention as ops_attention
 from ops import backend
 from references import attention as ref
 from tests import buggy_kernels
+from tests.subprocess_env import user_env
 from verify.cases import Case
 from verify.compare import check, clone_args, ulp
 
@@ -246,7 +247,7 @@ def test_verify_op_shrinks_a_causal_off_by_one_to_two_tokens() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "verify.op", "attention", "--examples", "30",
          "--impl", "tests/buggy_kernels.py:attention_causal_off_by_one"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=user_env(),
     )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
     repro = next(line for line in run.stdout.splitlines() if "repro:" in line)

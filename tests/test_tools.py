@@ -11,13 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import user_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(module: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env=user_env(),
+    )  # fmt: skip
 
 
 def bisect(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -261,6 +264,40 @@ def test_a_bad_backend_setting_is_bad_usage(module: str, args: tuple[str, ...], 
     assert run.returncode == 2, run.stdout + run.stderr
     assert "TRITONCHECK_BACKEND='gpu': expected one of auto, cuda, interpreter" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=user_env() | env,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["model.decoder", "model.reference", "verify.op", "verify.e2e", "verify.bisect", "verify.bench.model"],
+)
+def test_importing_the_model_or_a_cli_leaves_the_interpreter_choosable(module: str) -> None:
+    """The interpreter must be chosen before triton's first import (``ops.backend``), and each
+    CLI chooses it only after its environment checks: so none of these may import triton before
+    ``ops`` (torch.compile's decorators import it; one at the decoder's import broke every CPU
+    bisect run)."""
+    run = python(f"import {module}, ops", TRITONCHECK_BACKEND="interpreter")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_triton_imported_before_the_interpreter_is_chosen_is_a_clear_error() -> None:
+    """Not the interpreter's "Cannot call @triton.jit'd outside of the scope of a kernel" from
+    the first kernel using ``tl.sum``: a CLI says what happened and exits 2."""
+    run = python(
+        "import sys, triton; from verify import op; sys.exit(op.main(['rms_norm']))",
+        TRITONCHECK_BACKEND="interpreter",
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "triton was imported before the interpreter backend was chosen" in run.stderr
+    assert "Traceback" not in run.stderr
+    run = python("import triton, ops", TRITONCHECK_BACKEND="interpreter", TRITON_INTERPRET="1")
+    assert run.returncode == 0, run.stdout + run.stderr  # imported in interpreter mode: fine
 
 
 def test_an_unknown_hypothesis_profile_is_bad_usage(monkeypatch) -> None:

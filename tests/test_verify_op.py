@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import user_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def verify_op(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "verify.op", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+        [sys.executable, "-m", "verify.op", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=user_env(),
+    )  # fmt: skip
 
 
 def test_list_shows_every_op_with_article_numbers(tmp_path: Path) -> None:
