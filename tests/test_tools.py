@@ -267,8 +267,8 @@ def test_a_bad_backend_setting_is_bad_usage(module: str, args: tuple[str, ...], 
     assert "Traceback" not in run.stderr
 
 
-# These commands force the interpreter, which matters to import order alone, and which a CUDA run
-# of the suite does not use (on the H200 they failed, the log lost: its stack is not CI's).
+# These commands force the interpreter, which import order concerns alone and a CUDA run of the
+# suite does not use (on the H200, 7 CLI tests failed, as many as these; the log was lost).
 interpreter_runs = pytest.mark.skipif(
     not backend.is_interpreter(), reason="forces the interpreter; this run uses the CUDA backend"
 )
