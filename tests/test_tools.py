@@ -281,11 +281,14 @@ def python(code: str, **env: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+IMPORTED_BEFORE_OPS = (
+    "model.decoder", "model.reference", "verify.op", "verify.e2e", "verify.bisect",
+    "verify.bench.model", "verify.bench.gemm",
+)  # fmt: skip
+
+
 @interpreter_runs
-@pytest.mark.parametrize(
-    "module",
-    ["model.decoder", "model.reference", "verify.op", "verify.e2e", "verify.bisect", "verify.bench.model"],
-)
+@pytest.mark.parametrize("module", IMPORTED_BEFORE_OPS)
 def test_importing_the_model_or_a_cli_leaves_the_interpreter_choosable(module: str) -> None:
     """The interpreter must be chosen before triton's first import (``ops.backend``), and each
     CLI chooses it only after its environment checks: so none of these may import triton before

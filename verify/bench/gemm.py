@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from model.decoder import STATIC_WEIGHT_POINTS
 from ops import gemm, gemm_config
@@ -373,7 +372,7 @@ def one_step_candidates(k: int) -> list[GemmConfig]:
     down) and the 4864-wide down from 4.81 to 4.52 us alone."""
     if k <= 1024:  # the fixed candidates' 1024-wide chunks already take such K in one step
         return []
-    whole = triton.next_power_of_2(k)
+    whole = 1 << (k - 1).bit_length()  # K's next power of two
     configs = [gemv_config(2, whole, 1, w, 1) for w in (4, 8)]
     if whole != k and gemm.k_pieces(k, whole // 2) != (0, 0):
         configs += [gemv_config(n, whole // 2, 1, 4, 1) for n in (1, 2)]
