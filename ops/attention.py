@@ -25,7 +25,10 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
   each twice, ms/token): this design 0.899; requesting each split's first K/V block before
   ``seq_len`` arrives 0.921 (again on 94f3bfb, a split being one 32-row tile: 0.718 vs
   0.694); that plus the combine done by the last split program to finish (an arrival counter
-  instead of the second launch) 0.925. A split kernel that writes the
+  instead of the second launch) 0.925. Requesting the first tile's cache rows older than the
+  new token before the PDL wait (they were written by earlier steps; the new row loaded after
+  it, ``seq_len`` read early and checked after): 0.641-0.642 against 0.632 (2026-12-02, same
+  call, two rounds), the split kernel 3.63 us in the step against 3.17. A split kernel that writes the
   output itself when the cache is a single split is kept (``DIRECT``: no combine launch).
   Combining the splits in the prologue of the o_proj gemv instead (every gemv program
   combines the whole attention row as it loads x; commit b9426ce) measured 0.903 ms/token
