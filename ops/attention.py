@@ -25,10 +25,13 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
   each twice, ms/token): this design 0.899; requesting each split's first K/V block before
   ``seq_len`` arrives 0.921 (again on 94f3bfb, a split being one 32-row tile: 0.718 vs
   0.694); that plus the combine done by the last split program to finish (an arrival counter
-  instead of the second launch) 0.925. Requesting the first tile's cache rows older than the
-  new token before the PDL wait (they were written by earlier steps; the new row loaded after
-  it, ``seq_len`` read early and checked after): 0.641-0.642 against 0.632 (2026-12-02, same
-  call, two rounds), the split kernel 3.63 us in the step against 3.17. A split kernel that writes the
+  instead of the second launch) 0.925. Loading the first tile's cache rows older than the new
+  token into registers before the PDL wait (they were written by earlier steps; the new row
+  loaded after it, ``seq_len`` read early and checked after): 0.641-0.642 against 0.632
+  (2026-12-02, same call, two rounds), the split kernel 3.63 us in the step against 3.17. What
+  won instead, the same day: asking L2 for the first tile before the wait (``PREFETCH``), the
+  loads left as they were: 0.622 and 0.622 against 0.630 and 0.630, the split kernel 2.86-2.94
+  us against 3.14-3.30. A split kernel that writes the
   output itself when the cache is a single split is kept (``DIRECT``: no combine launch).
   Combining the splits in the prologue of the o_proj gemv instead (every gemv program
   combines the whole attention row as it loads x; commit b9426ce) measured 0.903 ms/token
@@ -252,16 +255,30 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LINE: tl.constexpr,
+    ROW_LINES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One split of the cache rows for one kv group: its softmax partials, or with ``DIRECT``
-    (a single split) the normalized output itself, so no combine launch follows."""
+    (a single split) the normalized output itself, so no combine launch follows.
+
+    With ``PREFETCH`` (under PDL) each program first asks L2 for its first tile's K and V rows,
+    ``ROW_LINES`` lines of ``LINE`` elements a row, whatever ``seq_len`` turns out to be: the
+    loads after the wait then find them there rather than in DRAM."""
     pdl.release(PDL)
-    pdl.wait(PDL)
     split = tl.program_id(0)
     bk = tl.program_id(1)
     b = (bk // HKV).to(tl.int64)
     kvh = bk % HKV
+    kv_offset = (b * L * HKV + kvh) * HEAD_DIM
+    stride_n = HKV * HEAD_DIM
+    if PREFETCH:  # the split's first K and V tile into L2 while the kernel before this one ends
+        lines = tl.arange(0, 2 * BLOCK_N * ROW_LINES)  # K's rows' lines, then V's
+        row = split * SPLIT_SIZE + lines // ROW_LINES % BLOCK_N
+        offset = tl.where(row < L, row.to(tl.int64) * stride_n + lines % ROW_LINES * LINE, 0)
+        pdl.prefetch_l2(tl.where(lines < BLOCK_N * ROW_LINES, k_ptr, v_ptr) + kv_offset + offset)
+    pdl.wait(PDL)
     seq_len = tl.load(seq_lens_ptr + b)
     kv_len = tl.minimum(tl.maximum(seq_len, 0), L)
 
@@ -278,8 +295,6 @@ def _decode_split_kernel(
         mask=row_ok[:, None],
         other=0.0,
     )
-    kv_offset = (b * L * HKV + kvh) * HEAD_DIM
-    stride_n = HKV * HEAD_DIM
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -528,12 +543,14 @@ def launch_decode(
     _, capacity, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
     splits, split_size = decode_splits(batch, kv_heads, capacity, config)
+    line = min(dim, 128 // q.element_size())  # elements of a 128-byte L2 line, at most a row
     _decode_split_kernel[(splits, batch * kv_heads)](
         q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, o, scale * LOG2E, seq,
         capacity, q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(seq * group)),
         BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype), DIRECT=splits == 1,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        PREFETCH=pdl.enabled(), LINE=line, ROW_LINES=dim // line, num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **pdl.launch_options(),
     )  # fmt: skip
     if splits == 1:

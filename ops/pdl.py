@@ -21,13 +21,16 @@ and loading while it streams, 0.724; and down releasing early too, 0.727. The pr
 o_proj GEMV alone, whose predecessors (attention's split and combine) leave DRAM idle, did win
 (2026-12-01: 0.632 against 0.650; qkv's too, 0.632), as did down's once it streamed in one step
 (Qwen3's step 0.645 against 0.715 with o_proj's): see ``ops.gemm.linear``'s ``static_weight``.
+The attention split kernel asking L2 for its first K/V tile before its wait won too (2026-12-02:
+0.622 against 0.630), where loading that tile into registers there had lost (0.641 against 0.632).
 
 The contract every kernel launched with :func:`launch_options` keeps, in every program:
 
 * nothing before :func:`wait` reads memory an earlier kernel may have written, and nothing before
   it writes memory at all (the one read let through: a gemv's weight chunk, K pieces included,
   under its ``EARLY_WEIGHT`` constexpr, set only when the caller promised, by
-  ``linear(static_weight=True)``, that no kernel still running writes that weight);
+  ``linear(static_weight=True)``, that no kernel still running writes that weight; and
+  :func:`prefetch_l2`, which reads nothing into the program);
 * :func:`wait` is reached unconditionally, so a kernel's completion implies its predecessor's,
   and a kernel two launches later that reads our inputs' producers is still ordered after them.
 
@@ -75,3 +78,14 @@ def release(PDL: tl.constexpr):
     """Let the next kernel in the stream start (it still waits for our completion to read)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the lines holding ``ptrs`` (``prefetch.global.L2``): a hint that moves no data
+    into the program, so it may come before :func:`wait` whatever is writing there (L2 is where
+    writes land: a prefetched line is never stale). Compiled kernels only: the interpreter has no
+    inline assembly, so callers put it under a constexpr that is off there."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )

@@ -40,6 +40,7 @@ def _touches_memory(statement: ast.stmt) -> str | None:
         if name.startswith("tl.") and name.split(".")[-1] in MEMORY_OPS:
             return name
         casts = isinstance(node.func, ast.Attribute) and node.func.attr == "to"
+        # pdl's helpers (wait, release, prefetch_l2: an L2 hint) move no data into the program
         if not name.startswith(("tl.", "pdl.")) and name not in {"min", "max"} and not casts:
             return name  # a helper: it may load
     return None
