@@ -275,8 +275,8 @@ def _decode_split_kernel(
     stride_n = HKV * HEAD_DIM
     if PREFETCH:  # the split's first K and V tile into L2 while the kernel before this one ends
         lines = tl.arange(0, 2 * BLOCK_N * ROW_LINES)  # K's rows' lines, then V's
-        row = split * SPLIT_SIZE + lines // ROW_LINES % BLOCK_N
-        offset = tl.where(row < L, row.to(tl.int64) * stride_n + lines % ROW_LINES * LINE, 0)
+        row = split * SPLIT_SIZE + (lines // ROW_LINES) % BLOCK_N
+        offset = tl.where(row < L, row.to(tl.int64) * stride_n + (lines % ROW_LINES) * LINE, 0)
         pdl.prefetch_l2(tl.where(lines < BLOCK_N * ROW_LINES, k_ptr, v_ptr) + kv_offset + offset)
     pdl.wait(PDL)
     seq_len = tl.load(seq_lens_ptr + b)
