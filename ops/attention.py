@@ -256,16 +256,14 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,
     PREFETCH: tl.constexpr,
-    LINE: tl.constexpr,
-    ROW_LINES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One split of the cache rows for one kv group: its softmax partials, or with ``DIRECT``
     (a single split) the normalized output itself, so no combine launch follows.
 
     With ``PREFETCH`` (under PDL) each program first asks L2 for its first tile's K and V rows,
-    ``ROW_LINES`` lines of ``LINE`` elements a row, whatever ``seq_len`` turns out to be: the
-    loads after the wait then find them there rather than in DRAM."""
+    a prefetch per 128-byte line, whatever ``seq_len`` turns out to be: the loads after the wait
+    then find them there rather than in DRAM."""
     pdl.release(PDL)
     split = tl.program_id(0)
     bk = tl.program_id(1)
@@ -274,6 +272,8 @@ def _decode_split_kernel(
     kv_offset = (b * L * HKV + kvh) * HEAD_DIM
     stride_n = HKV * HEAD_DIM
     if PREFETCH:  # the split's first K and V tile into L2 while the kernel before this one ends
+        LINE: tl.constexpr = min(HEAD_DIM, 1024 // k_ptr.dtype.element_ty.primitive_bitwidth)
+        ROW_LINES: tl.constexpr = HEAD_DIM // LINE  # elements of a 128-byte line, lines of a row
         lines = tl.arange(0, 2 * BLOCK_N * ROW_LINES)  # K's rows' lines, then V's
         row = split * SPLIT_SIZE + (lines // ROW_LINES) % BLOCK_N
         offset = tl.where(row < L, row.to(tl.int64) * stride_n + (lines % ROW_LINES) * LINE, 0)
@@ -543,14 +543,12 @@ def launch_decode(
     _, capacity, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
     splits, split_size = decode_splits(batch, kv_heads, capacity, config)
-    line = min(dim, 128 // q.element_size())  # elements of a 128-byte L2 line, at most a row
     _decode_split_kernel[(splits, batch * kv_heads)](
         q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, o, scale * LOG2E, seq,
         capacity, q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(seq * group)),
         BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype), DIRECT=splits == 1,
-        PREFETCH=pdl.enabled(), LINE=line, ROW_LINES=dim // line, num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        PREFETCH=pdl.enabled(), num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_options(),
     )  # fmt: skip
     if splits == 1:
