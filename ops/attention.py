@@ -396,24 +396,36 @@ def prefill_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeConfig:
-    """Tiles and split target for the decode path over a cache of ``capacity`` rows: 8 or 16 KiB
-    K and V tiles (bf16), ~2 programs per SM.
+    """Tiles and split target for the decode path over a cache of ``capacity`` rows.
 
-    The tile rows follow measurements at head_dim 128 on the H200 (2026-11-30, same-call
-    comparisons). 32 rows for short caches: in the article decode step (385 rows) 0.722 ms/token
-    against 0.744 for 64 rows (0.807 with 4-8 blocks a split); 16 rows lost twice (0.727 vs 0.722,
-    later 0.698 vs 0.694). 64 rows from 513 to 8192 rows
-    (``verify.bench attention``, 32 rows against 64: cache 1024 6.92 vs 4.69 us, 4096 9.60 vs
-    7.60). 32 rows past that, where every split walks several tiles anyway (16384: 13.58 vs
-    15.04 us, 32768: 17.14 vs 19.10).
+    Measured on the H200 at head_dim 128 unless said (bf16; fp32 takes half the rows, so the
+    same bytes). Up to 512 rows, 32-row tiles: in the article decode step (385 rows) 0.722
+    ms/token against 0.744 for 64 rows; 16 rows lost twice (2026-11-30). Up to 2048, 64-row tiles
+    (``verify.bench attention``: cache 1024 4.37 us against 5.23-5.30 for 128 rows, 2026-12-02).
+    Past 2048, 128-row tiles, and past 8192 one program per SM rather than two, so each split
+    walks more tiles and the combine has fewer partials: against 64 rows and two per SM, same
+    call, two rounds (2026-12-02, after the split kernel's L2 prefetch of its first tile), cache
+    4096 6.34 and 6.34 us against 6.89 and 7.02; 16384 10.75 and 10.75 against 13.31 and 13.72
+    (64 rows, one per SM 10.92-10.96; 128 rows, two per SM 15.82-16.12); 32768 14.84-14.90
+    against 16.99-17.47. At head_dim 64 (Qwen2.5), cache 4096, 128-row tiles at 8 warps and 2
+    stages took 5.57 us against 6.24 at 4 warps and 3 (``verify.bench attention --sweep``).
+    The boundaries between the measured sizes (1024 | 4096, 4096 | 16384) are guesses.
     """
     if backend.is_interpreter():
         return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())
-    tile_bytes = 4096 if capacity <= 512 or capacity > 8192 else 8192
-    block_n = max(16, tile_bytes // head_dim)
+    warps, stages = 4, 3
+    if capacity <= 512:
+        block_n = max(16, 4096 // head_dim)
+    elif capacity <= 2048:
+        block_n = max(16, 8192 // head_dim)
+    else:
+        block_n = min(128, max(16, 16384 // head_dim))  # K and V tiles of at most 32 KiB each
+        if head_dim <= 64:
+            warps, stages = 8, 2
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
-    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, target_programs=2 * _sm_count())
+    programs = (1 if capacity > 8192 else 2) * _sm_count()
+    return DecodeConfig(block_n=block_n, num_warps=warps, num_stages=stages, target_programs=programs)
 
 
 def decode_splits(batch: int, kv_heads: int, capacity: int, config: DecodeConfig) -> tuple[int, int]:

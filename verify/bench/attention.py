@@ -349,7 +349,9 @@ def sweep(which: str) -> list[dict]:
             out.append(sweep_prefill(model, name, 2048))
     if which in ("decode", "all"):
         for model, name, capacity in (
+            (ARTICLE, "article", 1024),
             (ARTICLE, "article", 4096),
+            (ARTICLE, "article", 16384),
             (ARTICLE, "article", 32768),
             (QWEN25, "qwen2.5", 4096),
         ):
