@@ -168,12 +168,23 @@ def test_unspecialized_sizes_are_kernel_parameters() -> None:
         assert set(names) <= set(params), f"{kernel.fn.__name__}: {set(names) - set(params)}"
 
 
-def test_decode_split_count_depends_on_shapes_only() -> None:
-    for capacity in (1, 17, 512, 513, 4096, 8193, 32768):
-        config = ops_attention.decode_config(128, torch.bfloat16, capacity)
-        splits, size = ops_attention.decode_splits(1, 2, capacity, config)
-        assert 1 <= splits <= ops_attention.MAX_SPLITS and splits * size >= capacity
-        assert (splits - 1) * size < capacity, "a split that can never hold a row"
+@pytest.mark.parametrize("compiled", [False, True], ids=["interpreter", "compiled"])
+def test_decode_split_count_depends_on_shapes_only(monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    """Every capacity is covered by splits that each can hold a row, at most MAX_SPLITS of them;
+    the compiled configs (checked here on the CPU, as the H200's 132 SMs would get them) keep K
+    and V tiles within 32 KiB each, across the tile-size boundaries of ``decode_config``."""
+    if compiled:
+        monkeypatch.setattr(ops_attention.backend, "is_interpreter", lambda: False)
+        monkeypatch.setattr(ops_attention, "_sm_count", lambda: 132)
+    shapes = ((64, torch.bfloat16), (128, torch.bfloat16), (128, torch.float32), (256, torch.float16))
+    for head_dim, dtype in shapes:
+        for capacity in (1, 17, 512, 513, 2048, 2049, 4096, 8192, 8193, 32768):
+            config = ops_attention.decode_config(head_dim, dtype, capacity)
+            tile_bytes = config.block_n * head_dim * dtype.itemsize
+            assert config.block_n >= 16 and tile_bytes <= 32 * 1024, (head_dim, dtype, capacity, config)
+            splits, size = ops_attention.decode_splits(1, 2, capacity, config)
+            assert 1 <= splits <= ops_attention.MAX_SPLITS and splits * size >= capacity
+            assert (splits - 1) * size < capacity, "a split that can never hold a row"
 
 
 def test_one_scratch_serves_every_length() -> None:
