@@ -59,16 +59,17 @@ for stage in $stages; do
         # archive REV | tar -x -C ab_base; ab_<variant>/: this tree with one change), alternating
         # in one call, two rounds: the same code's step varies more across calls than most changes
         # move it. The copies are git-ignored, so the device call must carry them.
-        # AB_PRESET picks the model (default article; qwen2.5-0.5b has the QKV bias, qwen3-0.6b qk-norm).
+        # AB_PRESET picks the model (default article; qwen2.5-0.5b has the QKV bias, qwen3-0.6b qk-norm);
+        # AB_ARGS adds benchmark options to every run, e.g. '--prompt-len 4000 --new-tokens 64' (a long cache).
         ab)
             copies=$(ls -d ab_*/)
             for round in 1 2; do
                 for copy in $copies; do
                     (cd "$copy" && run "ab-${copy%/}-$round" 120 env PYTHONPATH="$PWD" python -m verify.bench model \
-                        --preset "${AB_PRESET:-article}" --skip unfused,eager,reference,compile,hf --repeat 3)
+                        --preset "${AB_PRESET:-article}" --skip unfused,eager,reference,compile,hf --repeat 3 ${AB_ARGS:-})
                 done
                 run "ab-current-$round" 120 python -m verify.bench model --preset "${AB_PRESET:-article}" \
-                    --skip unfused,eager,reference,compile,hf --repeat 3 --profile
+                    --skip unfused,eager,reference,compile,hf --repeat 3 --profile ${AB_ARGS:-}
             done
             for log in "$OUT"/ab-*.log; do
                 echo "$(basename "$log" .log): $(grep '^triton + CUDA graph ' "$log")"
