@@ -401,7 +401,8 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
     Measured on the H200 at head_dim 128 unless said (bf16; fp32 takes half the rows, so the
     same bytes). Up to 512 rows, 32-row tiles: in the article decode step (385 rows) 0.722
     ms/token against 0.744 for 64 rows; 16 rows lost twice (2026-11-30). Up to 2048, 64-row tiles
-    (``verify.bench attention``: cache 1024 4.37 us against 5.23-5.30 for 128 rows, 2026-12-02).
+    (``verify.bench attention``, 2026-12-02: cache 1024 4.37-4.43 us in three of four runs, 5.21
+    in the fourth, against 5.23-5.30 in all four for 128 rows; this size's timings are noisy).
     Past 2048, 128-row tiles, and past 8192 one program per SM rather than two, so each split
     walks more tiles and the combine has fewer partials: against 64 rows and two per SM, same
     call, two rounds (2026-12-02, after the split kernel's L2 prefetch of its first tile), cache
