@@ -3,8 +3,8 @@
 The interpreter never compiles a kernel, and the ``PDL`` branches compile away there, so a
 kernel that only breaks in codegen would otherwise first fail on the GPU. This runs each
 registered op's typical case, every model preset's decode projections as the model launches
-them, the article's 256-token prefill projections and its long-cache attention, with the
-kernels swapped for recorders (nothing executes); specializes each launch's arguments as
+them, the article's 256-token prefill projections and its attention over 4096- and 32768-row
+caches, with the kernels swapped for recorders (nothing executes); specializes each launch's arguments as
 Triton's JIT would (``1`` and multiples of 16, 16-byte aligned pointers, ``do_not_specialize``
 honoured); compiles it to PTX; and reports per launch its registers and spills (ptxas), shared
 memory, how many of its programs an SM holds and so in how many waves its grid runs (a partial
@@ -223,6 +223,11 @@ def run_ops(recorders: list[Recorder]) -> None:
         label(f"article {'decode' if tokens == 1 else 'prefill'} attention, cache 4096")
         q = torch.empty(1, tokens, 8, 128, dtype=torch.bfloat16)
         attention.attention(q, cache, cache, torch.full((1,), 4096, dtype=torch.int32), 128**-0.5)
+    # a long cache: splits of several tiles shared out by length, more splits than a combine chunk
+    label("article decode attention, cache 32768")
+    cache = torch.empty(1, 32768, 2, 128, dtype=torch.bfloat16)
+    q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
+    attention.attention(q, cache, cache, torch.full((1,), 1024, dtype=torch.int32), 128**-0.5)
 
 
 def main(argv: list[str] | None = None) -> int:

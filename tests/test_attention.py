@@ -129,29 +129,27 @@ def test_decode_runs_on_preallocated_buffers_only(monkeypatch: pytest.MonkeyPatc
     monkeypatch.undo()
     assert got is out
     assert not any(t.isnan().any() for t in scratch), "a partial was left unwritten"
-    _, split_size = ops_attention.decode_splits(
-        2,
-        k_cache.shape[2],
-        k_cache.shape[1],
-        ops_attention.decode_config(q.shape[-1], q.dtype, k_cache.shape[1]),
-    )
-    empty = torch.arange(splits, device=DEVICE) * split_size >= 3  # row 1's splits past its 3 rows
+    empty = torch.arange(splits, device=DEVICE) > 0  # row 1's 3 rows fill part of one tile: split 0
     assert (scratch.max[1][..., empty] == float("-inf")).all()
     assert (scratch.sum[1][..., empty] == 0).all() and (scratch.acc[1][..., empty, :] == 0).all()
     result = check(registry.get("attention"), case, lambda *args: out.clone())
     assert result.passed, result.describe()
 
 
+@pytest.mark.parametrize("programs,splits,tiles", [(28, 7, 1), (16, 4, 2)])
 @pytest.mark.parametrize("scores", ["normal", "large", "very_negative"])
-def test_combine_rescales_across_chunks_of_splits(monkeypatch: pytest.MonkeyPatch, scores: str) -> None:
+def test_combine_rescales_across_chunks_of_splits(
+    monkeypatch: pytest.MonkeyPatch, scores: str, programs: int, splits: int, tiles: int
+) -> None:
     """The combine kernel's running max over several chunks of splits, the last one partial, and
-    rows whose later splits lie past seq_len (neutral partials)."""
+    rows whose later splits lie past seq_len (neutral partials, not read); with splits of two
+    tiles each, a shorter row's tiles spread over the splits."""
     monkeypatch.setattr(ops_attention, "COMBINE_CHUNK", 2)
-    config = ops_attention.DecodeConfig(block_n=16, num_warps=4, num_stages=1, target_programs=28)
+    config = ops_attention.DecodeConfig(block_n=16, num_warps=4, num_stages=1, target_programs=programs)
     monkeypatch.setattr(ops_attention, "decode_config", lambda head_dim, dtype, capacity: config)
     case = _case(s=1, past=100, slack=0, b=2, kv_heads=2, lens="ragged", scores=scores)
     k_cache = case.args[1]
-    assert ops_attention.decode_splits(2, 2, k_cache.shape[1], config)[0] == 7
+    assert ops_attention.decode_splits(2, 2, k_cache.shape[1], config) == (splits, tiles * 16)
     result = check(registry.get("attention_decode"), case)
     assert result.passed, result.describe()
 
@@ -163,6 +161,7 @@ def test_unspecialized_sizes_are_kernel_parameters() -> None:
         (ops_attention._prefill_kernel, ops_attention.SIZES),
         (ops_attention._decode_split_kernel, (*ops_attention.SIZES, "SPLITS", "SPLIT_SIZE")),
         (ops_attention._decode_combine_kernel, ("SPLITS",)),
+        (ops_attention._decode_combine_busy_kernel, ("SPLITS", "ROWS_PER_BATCH", "L")),
     ):
         params = inspect.signature(kernel.fn).parameters
         assert set(names) <= set(params), f"{kernel.fn.__name__}: {set(names) - set(params)}"
@@ -185,6 +184,26 @@ def test_decode_split_count_depends_on_shapes_only(monkeypatch: pytest.MonkeyPat
             splits, size = ops_attention.decode_splits(1, 2, capacity, config)
             assert 1 <= splits <= ops_attention.MAX_SPLITS and splits * size >= capacity
             assert (splits - 1) * size < capacity, "a split that can never hold a row"
+
+
+def test_a_short_sequence_in_a_long_cache_spreads_over_the_splits() -> None:
+    """The split count follows the capacity (one graph replays at every length), the rows per
+    split the length: a sequence of as many tiles as half the splits goes to that many splits of
+    a tile each, not to the first few splits of several tiles (the capacity's split size)."""
+    capacity, head_dim = (256, 16) if DEVICE.type == "cpu" else (32768, 128)
+    config = ops_attention.decode_config(head_dim, torch.bfloat16, capacity)
+    splits, split_size = ops_attention.decode_splits(1, 1, capacity, config)
+    assert split_size >= 2 * config.block_n and splits >= 4, "the capacity's splits must hold several tiles"
+    tiles = splits // 2
+    valid = tiles * config.block_n
+    case = _case(s=1, past=valid - 1, slack=capacity - valid, b=1, kv_heads=1, group=4, head_dim=head_dim)
+    q, k_cache, v_cache, seq_lens, scale = case.args
+    scratch = ops_attention.decode_scratch(q, k_cache)
+    out = ops_attention.attention_decode(q, k_cache, v_cache, seq_lens, scale, scratch=scratch)
+    busy = (scratch.max[0, 0] > float("-inf")).all(0)  # per split: every q head saw a row
+    assert busy[:tiles].all() and not busy[tiles:].any(), busy
+    result = check(registry.get("attention_decode"), case, lambda *args: out.clone())
+    assert result.passed, result.describe()
 
 
 def test_one_scratch_serves_every_length() -> None:

@@ -222,6 +222,7 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bench", ("attention", "--json", "/no/such/dir/a.json"), "no directory /no/such/dir"),
         ("verify.bench", ("model", "--skip", "hf,vllm"), "--skip: unknown row 'vllm'"),
         ("verify.bench", ("model", "--prompt-len", "0"), "--prompt-len: expected at least 1"),
+        ("verify.bench", ("model", "--cache-len", "300"), "--cache-len: 300 rows do not hold the prompt"),
         ("verify.bench", (), "usage: python -m verify.bench {gemm,attention,model}"),
         ("verify.bench", ("roofline",), "unknown suite 'roofline'; expected one of gemm, attention, model"),
         ("verify.e2e", ("--new-tokens", "0"), "--new-tokens: expected at least 1"),

@@ -224,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="article", choices=sorted(PRESETS))
     p.add_argument("--prompt-len", type=cli.positive_int, default=256)
     p.add_argument("--new-tokens", type=cli.positive_int, default=128)
+    p.add_argument(
+        "--cache-len",
+        type=cli.positive_int,
+        metavar="ROWS",
+        help="KV cache capacity (default: prompt + new tokens + 1), e.g. the model's whole context as a "
+        "server allocates it; the reference-based rows (eager, compile) attend over all of it",
+    )
     p.add_argument("--skip", default="", help=f"rows to skip, comma list: {','.join(SKIPPABLE)}")
     p.add_argument("--json", metavar="PATH")
     p.add_argument(
@@ -252,11 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     if skip - set(SKIPPABLE):
         p.error(f"--skip: unknown row {sorted(skip - set(SKIPPABLE))[0]!r}; rows: {', '.join(SKIPPABLE)}")
     cli.require_output_file(p, "--json", args.json)
+    needed = args.prompt_len + args.new_tokens + 1
+    if args.cache_len is not None and args.cache_len < needed:
+        p.error(f"--cache-len: {args.cache_len} rows do not hold the prompt and the new tokens ({needed})")
     if timing.cuda_missing("verify.bench model"):
         return 2
     cfg, device = PRESETS[args.preset], torch.device("cuda")
     length, new = args.prompt_len, args.new_tokens
-    max_seq = length + new + 1
+    max_seq = args.cache_len or length + new + 1
     weights = model_weights.random_weights(cfg, device, seed=0)
     prompt = torch.randint(
         0, cfg.vocab_size, (1, length), device=device, generator=torch.Generator(device).manual_seed(0)
@@ -381,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     base = rows[0]["decode_ms"]
     print(
-        f"\nverify.bench model: preset {args.preset}, prompt {length}, {new} new tokens, batch 1, "
-        f"{torch.cuda.get_device_name()}"
+        f"\nverify.bench model: preset {args.preset}, prompt {length}, {new} new tokens, KV cache of "
+        f"{max_seq} rows, batch 1, {torch.cuda.get_device_name()}"
     )
     table = []
     for r in rows:
@@ -402,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             ["implementation", "prefill ms", "decode ms/token", "tokens/s", "vs triton+graph", "note"], table
         )
     )
-    payload = {"preset": args.preset, "prompt_len": length, "new_tokens": new, "bandwidth": bandwidth}
+    payload = {"preset": args.preset, "prompt_len": length, "new_tokens": new, "cache_len": max_seq}
+    payload["bandwidth"] = bandwidth
     cli.write_json(args.json, payload | {"rows": rows})
     return 0
