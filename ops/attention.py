@@ -351,7 +351,7 @@ def _combine_chunk(m_run, total, acc, part_acc_ptr, part_max_ptr, part_sum_ptr, 
     """Fold splits ``first .. first + CHUNK`` (those below ``BUSY``) into the running max, sum and
     accumulator: rescaled by ``2^(m - max m)``, as in the split kernel's online softmax."""
     offs_c = tl.arange(0, CHUNK)
-    chunk = row * SPLITS + first + offs_c
+    chunk = row * SPLITS + first + offs_c  # as written: row * SPLITS + (first + offs_c) ran slower
     ok = first + offs_c < BUSY
     m = tl.load(part_max_ptr + chunk, mask=ok, other=float("-inf"))
     sums = tl.load(part_sum_ptr + chunk, mask=ok, other=0.0)
