@@ -142,6 +142,18 @@ def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
     assert data["injected"] == []
 
 
+def test_e2e_over_a_mostly_empty_cache_has_token_parity(tmp_path: Path) -> None:
+    """``--cache-len``: a cache far longer than the run, as a server allocates it, sends decode
+    attention through its split and combine kernels (a cache sized to the run is one split)."""
+    report = tmp_path / "e2e.json"
+    run = cli("verify.e2e", "--new-tokens", "2", "--against", "reference", "--cache-len", "512",
+              "--json", str(report))  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "KV cache 512 rows" in run.stdout
+    data = json.loads(report.read_text())
+    assert data["verdicts"] == {"triton": "parity"} and data["cache_len"] == 512
+
+
 def test_e2e_exits_1_when_hf_disagrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """HF is an independent oracle: its divergence fails the run as the Triton model's would."""
     from verify import e2e
@@ -223,6 +235,8 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bench", ("model", "--skip", "hf,vllm"), "--skip: unknown row 'vllm'"),
         ("verify.bench", ("model", "--prompt-len", "0"), "--prompt-len: expected at least 1"),
         ("verify.bench", ("model", "--cache-len", "300"), "--cache-len: 300 rows do not hold the prompt"),
+        ("verify.e2e", ("--cache-len", "13"), "--cache-len 13: the prompt's 12 tokens + 8 new tokens need"),
+        ("verify.bisect", ("--cache-len", "600"), "--cache-len 600: exceeds the model's max_position"),
         ("verify.bench", (), "usage: python -m verify.bench {gemm,attention,model}"),
         ("verify.bench", ("roofline",), "unknown suite 'roofline'; expected one of gemm, attention, model"),
         ("verify.e2e", ("--new-tokens", "0"), "--new-tokens: expected at least 1"),

@@ -87,6 +87,7 @@ class Report:
     model: str
     backend: str
     injected: list[dict]
+    cache_len: int = 0  # the KV cache's rows
     verdict: str = "VERIFIED"  # or "DIVERGES"
     steps: list[str] = field(default_factory=list)
     layers: list[LayerResult] = field(default_factory=list)
@@ -280,9 +281,10 @@ def _parser() -> argparse.ArgumentParser:
         "(what bisect always does; the flag is accepted as ARCHITECTURE.md spells the command)",
     )
     from verify.cli import positive_int
-    from verify.models import add_model_arguments
+    from verify.models import add_cache_argument, add_model_arguments
 
     add_model_arguments(p)
+    add_cache_argument(p)
     p.add_argument(
         "--prompt-len", type=positive_int, default=12, help="prompt tokens for the prefill pass (default 12)"
     )
@@ -426,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps} exceeds the model's "
                 f"max_position_embeddings {config.max_position_embeddings}"
             )
+        what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
+        max_seq = model_loading.cache_rows(args.cache_len, max_seq, what, config)
         models = model_loading.load(directory, config, device, 1, max_seq, injections)
         free = triton_model.build(models.weights, 1, max_seq, models.triton.fused)
         model_loading.apply_injections(free, injections)
@@ -440,13 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         for n in (inj.layers if inj.layers is not None else range(models.config.num_layers))
     }
     save_dir = Path(args.repro_dir) if args.repro_dir else Path(tempfile.mkdtemp(prefix="bisect-"))
-    report = Report(str(models.directory), backend.name(), [i.as_json() for i in injections])
+    report = Report(str(models.directory), backend.name(), [i.as_json() for i in injections], max_seq)
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
         f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {args.prompt_len} tokens "
-        f"+ {args.decode_steps} decode steps; a layer is judged by its teacher-forced rel L2 against the "
-        f"threshold, {factor:g} x plain bf16 torch's on the same layer input (free-running drift is shown, "
-        "not judged)"
+        f"+ {args.decode_steps} decode steps, KV cache {max_seq} rows; a layer is judged by its "
+        f"teacher-forced rel L2 against the threshold, {factor:g} x plain bf16 torch's on the same layer "
+        "input (free-running drift is shown, not judged)"
     )
     for inj in injections:
         print(f"  injected: {inj.op} = {inj.impl_spec} in layers {inj.layer_spec}")

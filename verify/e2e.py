@@ -207,9 +207,10 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG + " Here 1 also means logits that drift past drift_factor x the measured noise "
         "(tolerances.toml [e2e]) while the tokens agree.",
     )
-    from verify.models import add_model_arguments
+    from verify.models import add_cache_argument, add_model_arguments
 
     add_model_arguments(p)
+    add_cache_argument(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model directory)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
@@ -357,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         directory, config = model_loading.checkpoint_config(args.model)
         prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
         _check_positions(prompt.shape[1], args.new_tokens, config)
-        max_seq = prompt.shape[1] + args.new_tokens
+        needed = prompt.shape[1] + args.new_tokens
+        what = f"the prompt's {prompt.shape[1]} tokens + {args.new_tokens} new tokens"
+        max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)
         models = model_loading.load(directory, config, device, 1, max_seq, injections)
     except UsageError as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
@@ -367,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"verify.e2e: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
         f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {prompt.shape[1]} tokens, "
-        f"{args.new_tokens} new"
+        f"{args.new_tokens} new, KV cache {max_seq} rows"
     )
     for inj in injections:
         print(f"  injected: {inj.op} = {inj.impl_spec} in layers {inj.layer_spec}")
@@ -376,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(models.directory),
         "backend": backend.name(),
         "prompt": prompt[0].tolist(),
+        "cache_len": max_seq,
         "injected": [i.as_json() for i in injections],
     }
     started = time.monotonic()

@@ -68,6 +68,33 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--cache-len``: the KV cache a server would allocate, not just the run's length. The
+    decode kernels pick their splits by capacity and share the valid rows out among them, so
+    a mostly empty cache takes paths a cache sized to the run never does."""
+    from verify.cli import positive_int
+
+    parser.add_argument(
+        "--cache-len",
+        type=positive_int,
+        metavar="ROWS",
+        help="KV cache capacity (default: just what the run needs), up to max_position_embeddings",
+    )
+
+
+def cache_rows(cache_len: int | None, needed: int, what: str, config: model_config.ModelConfig) -> int:
+    """The KV cache capacity for a run needing ``needed`` rows (``what`` says of what), checked
+    before any cache exists: at least ``needed``, at most the config's positions."""
+    limit = config.max_position_embeddings
+    if cache_len is None:
+        return needed
+    if cache_len < needed:
+        raise UsageError(f"--cache-len {cache_len}: {what} need {needed} rows")
+    if cache_len > limit:
+        raise UsageError(f"--cache-len {cache_len}: exceeds the model's max_position_embeddings {limit}")
+    return cache_len
+
+
 def parse_injection(text: str) -> Injection:
     """``OP=IMPL@LAYERS``: LAYERS is a number, a comma list or ``all``."""
     op, sep, rest = text.partition("=")
