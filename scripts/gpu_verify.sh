@@ -39,7 +39,11 @@ for stage in $stages; do
         tests) run tests 330 python -m pytest -n 16 -q -p no:cacheprovider --durations=12 tests/test_ops.py tests/test_compare.py \
             tests/test_model.py tests/test_gemm.py tests/test_attention.py tests/test_fused_linear.py \
             tests/test_rope_kv_store.py tests/test_strategy_reach.py tests/test_rounding.py tests/test_embedding.py ;;
-        e2e) run e2e 60 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json" ;;
+        # and again over the article's whole 32768-row context (a server's cache): decode attention
+        # then shares a short sequence out over many splits and combines only the busy ones
+        e2e) run e2e 60 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json"
+            run e2e-long-cache 60 python -m verify.e2e --model article --new-tokens 16 --cache-len 32768 \
+                --against reference --json "$OUT/e2e-long-cache.json" ;;
         bisect) run bisect 70 python -m verify.bisect --layer --model article --json "$OUT/bisect.json" \
             --plot "$OUT/bisect.png" ;;
         bench) run bench 300 python -m verify.bench model --preset article --skip eager,reference --profile \
