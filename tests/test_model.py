@@ -161,10 +161,12 @@ def _inside_interpreter_launch() -> bool:
 HOST_SYNCS = ("aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.equal")
 
 
-def test_decode_step_is_capture_safe() -> None:
+@pytest.mark.parametrize("max_seq", [24, 200], ids=["cache 24", "cache 200"])
+def test_decode_step_is_capture_safe(max_seq: int) -> None:
     """What capture needs: after warm-up, a step allocates nothing, never syncs with the host, and
-    dispatches the same ops at any position (no data-dependent Python branch)."""
-    _, tri = _models()
+    dispatches the same ops at any position (no data-dependent Python branch); also over a cache
+    whose attention splits hold several tiles, shared out by the device length."""
+    _, tri = _models(max_seq=max_seq)
     ids = torch.randint(0, 120, (1, 5), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     prefill(tri, ids)
     runner = DecodeRunner(tri, 1)
