@@ -288,12 +288,23 @@ def test_verify_op_shrinks_a_causal_off_by_one_to_two_tokens() -> None:
 
 
 @pytest.mark.gpu
-def test_captured_decode_graph_replays_at_every_length() -> None:
+@pytest.mark.parametrize(
+    ("batch", "capacity", "lengths"),
+    [
+        (2, 4096, ([1, 1], [4096, 17], [2048, 4001], [63, 64])),
+        # 64 splits of four tiles: rows shared out by length, the combine reading the busy splits
+        (1, 32768, ([1], [1000], [32768], [4097], [129])),
+    ],
+    ids=["cache 4096", "cache 32768"],
+)
+def test_captured_decode_graph_replays_at_every_length(
+    batch: int, capacity: int, lengths: tuple[list[int], ...]
+) -> None:
     params = {
         **TYPICAL,
-        "b": 2,
+        "b": batch,
         "s": 1,
-        "past": 4000,
+        "past": capacity - 96,
         "slack": 95,
         "group": 4,
         "kv_heads": 2,
@@ -312,7 +323,7 @@ def test_captured_decode_graph_replays_at_every_length() -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    for lens in ([1, 1], [4096, 17], [2048, 4001], [63, 64]):
+    for lens in lengths:
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
