@@ -30,6 +30,8 @@ from ops import gemm_config
 from references.precision import computing_in
 from verify import cli
 from verify.bench import timing
+from verify.cli import UsageError
+from verify.models import add_cache_argument, cache_rows
 
 SKIPPABLE = ("unfused", "eager", "reference", "compile", "hf")  # rows besides the graph decode
 
@@ -224,13 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="article", choices=sorted(PRESETS))
     p.add_argument("--prompt-len", type=cli.positive_int, default=256)
     p.add_argument("--new-tokens", type=cli.positive_int, default=128)
-    p.add_argument(
-        "--cache-len",
-        type=cli.positive_int,
-        metavar="ROWS",
-        help="KV cache capacity (default: prompt + new tokens + 1), e.g. the model's whole context as a "
-        "server allocates it; the reference-based rows (eager, compile) attend over all of it",
-    )
+    add_cache_argument(p)  # the reference-based rows (eager, compile) attend over all of it
     p.add_argument("--skip", default="", help=f"rows to skip, comma list: {','.join(SKIPPABLE)}")
     p.add_argument("--json", metavar="PATH")
     p.add_argument(
@@ -259,14 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     if skip - set(SKIPPABLE):
         p.error(f"--skip: unknown row {sorted(skip - set(SKIPPABLE))[0]!r}; rows: {', '.join(SKIPPABLE)}")
     cli.require_output_file(p, "--json", args.json)
-    needed = args.prompt_len + args.new_tokens + 1
-    if args.cache_len is not None and args.cache_len < needed:
-        p.error(f"--cache-len: {args.cache_len} rows do not hold the prompt and the new tokens ({needed})")
+    cfg, length, new = PRESETS[args.preset], args.prompt_len, args.new_tokens
+    try:  # the warm-up step writes one row past the last token
+        max_seq = cache_rows(args.cache_len, length + new + 1, "the prompt, the new tokens and one more", cfg)
+    except UsageError as error:
+        p.error(str(error))
     if timing.cuda_missing("verify.bench model"):
         return 2
-    cfg, device = PRESETS[args.preset], torch.device("cuda")
-    length, new = args.prompt_len, args.new_tokens
-    max_seq = args.cache_len or length + new + 1
+    device = torch.device("cuda")
     weights = model_weights.random_weights(cfg, device, seed=0)
     prompt = torch.randint(
         0, cfg.vocab_size, (1, length), device=device, generator=torch.Generator(device).manual_seed(0)
@@ -412,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             ["implementation", "prefill ms", "decode ms/token", "tokens/s", "vs triton+graph", "note"], table
         )
     )
-    payload = {"preset": args.preset, "prompt_len": length, "new_tokens": new, "cache_len": max_seq}
-    payload["bandwidth"] = bandwidth
-    cli.write_json(args.json, payload | {"rows": rows})
+    payload = {"preset": args.preset, "prompt_len": length, "new_tokens": new, "cache_len": max_seq,
+               "bandwidth": bandwidth, "rows": rows}  # fmt: skip
+    cli.write_json(args.json, payload)
     return 0
