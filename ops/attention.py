@@ -469,14 +469,18 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
     ms/token against 0.744 for 64 rows; 16 rows lost twice (2026-11-30). Up to 2048, 64-row tiles
     (``verify.bench attention``, 2026-12-02: cache 1024 4.37-4.43 us in three of four runs, 5.21
     in the fourth, against 5.23-5.30 in all four for 128 rows; this size's timings are noisy).
-    Past 2048, 128-row tiles, and past 8192 one program per SM rather than two, so each split
-    walks more tiles and the combine has fewer partials: against 64 rows and two per SM, same
-    call, two rounds (2026-12-02, after the split kernel's L2 prefetch of its first tile), cache
-    4096 6.34 and 6.34 us against 6.89 and 7.02; 16384 10.75 and 10.75 against 13.31 and 13.72
-    (64 rows, one per SM 10.92-10.96; 128 rows, two per SM 15.82-16.12); 32768 14.84-14.90
-    against 16.99-17.47. At head_dim 64 (Qwen2.5), cache 4096, 128-row tiles at 8 warps and 2
-    stages took 5.57 us against 6.24 at 4 warps and 3 (``verify.bench attention --sweep``).
-    The boundaries between the measured sizes (1024 | 4096, 4096 | 16384) are guesses.
+    Past 2048, 128-row tiles: against 64 rows, same call, two rounds (2026-12-02, after the
+    split kernel's L2 prefetch of its first tile), cache 4096 6.34 and 6.34 us against 6.89 and
+    7.02; 16384 10.75 and 10.75 against 13.31 and 13.72; 32768 14.84-14.90 against 16.99-17.47.
+    A program per SM, so that where the tiles outnumber the SMs a split walks several of them
+    and the combine has fewer partials: at 16384 rows 128-row tiles at two per SM took
+    15.82-16.12 us. With two kv heads at batch 1 (the article, Qwen2.5) the target changes no
+    split count up to 8192 rows (the tile count bounds them); with eight (Qwen3-0.6B, cache
+    4096) it halves them, 16 splits of two tiles: 9.62 us against 12.79 at two per SM
+    (``verify.bench attention --sweep``, 2026-12-02; 64-row tiles there, 9.16, are not taken:
+    the config does not see the kv heads). At head_dim 64 (Qwen2.5), cache 4096, 128-row tiles
+    at 8 warps and 2 stages took 5.57 us against 6.24 at 4 warps and 3 (the sweep). The
+    boundaries between the measured sizes (1024 | 4096, 4096 | 16384) are guesses.
     """
     if backend.is_interpreter():
         return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())
@@ -491,8 +495,7 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
             warps, stages = 8, 2
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
-    programs = (1 if capacity > 8192 else 2) * _sm_count()
-    return DecodeConfig(block_n=block_n, num_warps=warps, num_stages=stages, target_programs=programs)
+    return DecodeConfig(block_n=block_n, num_warps=warps, num_stages=stages, target_programs=_sm_count())
 
 
 def decode_splits(batch: int, kv_heads: int, capacity: int, config: DecodeConfig) -> tuple[int, int]:

@@ -236,6 +236,7 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bench", ("model", "--prompt-len", "0"), "--prompt-len: expected at least 1"),
         ("verify.bench", ("model", "--cache-len", "300"), "--cache-len 300: the prompt, the new tokens and"),
         ("verify.bench", ("model", "--cache-len", "40000"), "--cache-len 40000: exceeds the model's max_pos"),
+        ("verify.bench", ("attention", "--sweep-models", "qwen3,gpt2"), "--sweep-models: unknown gpt2"),
         ("verify.e2e", ("--cache-len", "13"), "--cache-len 13: the prompt's 12 tokens + 8 new tokens need"),
         ("verify.bisect", ("--cache-len", "600"), "--cache-len 600: exceeds the model's max_position"),
         ("verify.bench", (), "usage: python -m verify.bench {gemm,attention,model}"),

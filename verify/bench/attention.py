@@ -35,6 +35,8 @@ from verify.compare import check
 
 ARTICLE = {"b": 1, "kv_heads": 2, "group": 4, "head_dim": 128}  # 8 q heads, 2 kv heads
 QWEN25 = {"b": 1, "kv_heads": 2, "group": 7, "head_dim": 64}  # Qwen2.5-0.5B: 14 q heads, 2 kv heads
+QWEN3 = {"b": 1, "kv_heads": 8, "group": 2, "head_dim": 128}  # Qwen3-0.6B: 16 q heads, 8 kv heads
+SWEEP_MODELS = {"article": ARTICLE, "qwen2.5": QWEN25, "qwen3": QWEN3}
 PREFILL_S = (256, 1024, 2048)
 DECODE_L = (256, 1024, 4096, 16384, 32768)
 DECODE_PARTIAL = ((32768, 1024), (32768, 4096))  # (cache capacity, valid rows)
@@ -345,21 +347,28 @@ def _report_sweep(shape: str, results: list[tuple[float, object]], default: obje
     }
 
 
-def sweep(which: str) -> list[dict]:
-    """Time every config of the grids (``which``: prefill, decode or all; each takes minutes)."""
+def sweep(which: str, models: tuple[str, ...] = tuple(SWEEP_MODELS)) -> list[dict]:
+    """Time every config of the grids (``which``: prefill, decode or all; each takes minutes)
+    for the shapes of ``models`` (names in ``SWEEP_MODELS``)."""
     out = []
     if which in ("prefill", "all"):
-        for model, name in ((ARTICLE, "article"), (QWEN25, "qwen2.5")):
-            out.append(sweep_prefill(model, name, 2048))
+        for name in ("article", "qwen2.5"):
+            if name in models:
+                out.append(sweep_prefill(SWEEP_MODELS[name], name, 2048))
     if which in ("decode", "all"):
-        for model, name, capacity in (
-            (ARTICLE, "article", 1024),
-            (ARTICLE, "article", 4096),
-            (ARTICLE, "article", 16384),
-            (ARTICLE, "article", 32768),
-            (QWEN25, "qwen2.5", 4096),
+        for name, capacity in (
+            ("article", 1024),
+            ("article", 4096),
+            ("article", 16384),
+            ("article", 32768),
+            ("qwen2.5", 4096),
+            ("qwen3", 1024),
+            ("qwen3", 2048),
+            ("qwen3", 4096),
+            ("qwen3", 16384),
         ):
-            out.append(sweep_decode(model, name, capacity))
+            if name in models:
+                out.append(sweep_decode(SWEEP_MODELS[name], name, capacity))
     print("\nbest per shape (put these into ops/attention.py prefill_config / decode_config):")
     for r in out:
         best = "none ran" if r["best_us"] is None else f"{r['best']} at {r['best_us']:.2f} us"
@@ -383,12 +392,21 @@ def main(argv: list[str]) -> int:
         choices=("prefill", "decode", "all"),
         help="time launch configs per shape instead (prefill and decode take a few minutes each)",
     )
+    parser.add_argument(
+        "--sweep-models",
+        default=",".join(SWEEP_MODELS),
+        metavar="NAMES",
+        help=f"with --sweep, the shapes of these models only (comma list of {', '.join(SWEEP_MODELS)})",
+    )
     args = parser.parse_args(argv)
     cli.require_output_file(parser, "--json", args.json)
+    models = tuple(args.sweep_models.split(","))
+    if unknown := sorted(set(models) - set(SWEEP_MODELS)):
+        parser.error(f"--sweep-models: unknown {', '.join(unknown)}; expected from {', '.join(SWEEP_MODELS)}")
     if timing.cuda_missing("verify.bench attention"):
         return 2
     if args.sweep:
-        data: dict = {"sweep": sweep(args.sweep)}
+        data: dict = {"sweep": sweep(args.sweep, models)}
         code = 0
     else:
         peak, bandwidth = timing.bf16_matmul_peak(), timing.copy_bandwidth()
