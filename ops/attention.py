@@ -475,10 +475,12 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
     A program per SM, so that where the tiles outnumber the SMs a split walks several of them
     and the combine has fewer partials: at 16384 rows 128-row tiles at two per SM took
     15.82-16.12 us. With two kv heads at batch 1 (the article, Qwen2.5) the target changes no
-    split count up to 8192 rows (the tile count bounds them); with eight (Qwen3-0.6B, cache
-    4096) it halves them, 16 splits of two tiles: 9.62 us against 12.79 at two per SM
-    (``verify.bench attention --sweep``, 2026-12-02; 64-row tiles there, 9.16, are not taken:
-    the config does not see the kv heads). At head_dim 64 (Qwen2.5), cache 4096, 128-row tiles
+    split count up to 8192 rows (the tile count bounds them); with eight (the Qwen3-0.6B shape)
+    it halves them past 1088 rows: at 4096, 16 splits of two tiles, 9.60-9.62 us against 12.79
+    at two per SM in the sweep (``verify.bench attention --sweep``, 2026-12-02), at 2048 7.34
+    against more than 7.6, and the whole model at a 4065-row cache decodes at 0.834 ms/token
+    against 0.920 (same call, two rounds). 64-row tiles at 4096 there (9.16-9.23 us) are not
+    taken: the config does not see the kv heads, and at 16384 rows 128 won. At head_dim 64 (Qwen2.5), cache 4096, 128-row tiles
     at 8 warps and 2 stages took 5.57 us against 6.24 at 4 warps and 3 (the sweep). The
     boundaries between the measured sizes (1024 | 4096, 4096 | 16384) are guesses.
     """
