@@ -480,9 +480,10 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
     at two per SM in the sweep (``verify.bench attention --sweep``, 2026-12-02), at 2048 7.34
     against more than 7.6, and the whole model at a 4065-row cache decodes at 0.834 ms/token
     against 0.920 (same call, two rounds). 64-row tiles at 4096 there (9.16-9.23 us) are not
-    taken: the config does not see the kv heads, and at 16384 rows 128 won. At head_dim 64 (Qwen2.5), cache 4096, 128-row tiles
-    at 8 warps and 2 stages took 5.57 us against 6.24 at 4 warps and 3 (the sweep). The
-    boundaries between the measured sizes (1024 | 4096, 4096 | 16384) are guesses.
+    taken: the config does not see the kv heads, and at 16384 rows 128 won. At head_dim 64
+    (Qwen2.5), cache 4096, 128-row tiles at 8 warps and 2 stages took 5.57 us against 6.24 at 4
+    warps and 3 (the sweep). The boundaries between the measured sizes (1024 | 4096, 4096 |
+    16384) are guesses.
     """
     if backend.is_interpreter():
         return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())

@@ -1,5 +1,6 @@
-"""``python -m verify.bench attention [--json PATH] [--sweep]``: the attention kernels against
-PyTorch SDPA on the article config (8 q heads, 2 kv heads, head_dim 128, bf16, batch 1).
+"""``python -m verify.bench attention [--json PATH] [--sweep [--sweep-models NAMES]]``: the
+attention kernels against PyTorch SDPA on the article config (8 q heads, 2 kv heads, head_dim
+128, bf16, batch 1).
 
 Prefill (S = 256, 1024, 2048, causal, cache = S): achieved TFLOP/s on the causal FLOPs
 ``2 * 2 * B * Hq * S^2 * D / 2`` and % of the measured bf16 matmul peak. Decode (S = 1, cache
@@ -11,7 +12,8 @@ own copy of the cache, the copies together over 3x L2, so decode numbers are HBM
 Every timed config is first checked against the reference under the op's tolerance.
 
 Targets: prefill S=2048 at >= 70% of SDPA's speed; decode at cache 4096 at >= 70% of the copy
-bandwidth and faster than SDPA. ``--sweep`` times launch configs per shape and prints the best.
+bandwidth and faster than SDPA. ``--sweep`` times launch configs per shape and prints the best,
+on the article's, Qwen2.5-0.5B's and Qwen3-0.6B's head layouts (``--sweep-models`` narrows it).
 Exit 0: every config verified (targets are reported, not enforced); 1: a correctness failure.
 """
 
@@ -401,6 +403,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     cli.require_output_file(parser, "--json", args.json)
     models = tuple(args.sweep_models.split(","))
+    if not args.sweep and models != tuple(SWEEP_MODELS):
+        parser.error("--sweep-models: only with --sweep (the comparison table is the article config's)")
     if unknown := sorted(set(models) - set(SWEEP_MODELS)):
         parser.error(f"--sweep-models: unknown {', '.join(unknown)}; expected from {', '.join(SWEEP_MODELS)}")
     if timing.cuda_missing("verify.bench attention"):
