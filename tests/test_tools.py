@@ -237,7 +237,7 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bench", ("model", "--cache-len", "300"), "--cache-len 300: the prompt, the new tokens and"),
         ("verify.bench", ("model", "--cache-len", "40000"), "--cache-len 40000: exceeds the model's max_pos"),
         ("verify.bench", ("attention", "--sweep", "--sweep-models", "gpt2"), "--sweep-models: unknown gpt2"),
-        ("verify.bench", ("attention", "--sweep-models", "qwen3"), "--sweep-models: only with --sweep"),
+        ("verify.bench", ("attention", "--sweep-models", "article,qwen3"), "--sweep-models: only with"),
         ("verify.e2e", ("--cache-len", "13"), "--cache-len 13: the prompt's 12 tokens + 8 new tokens need"),
         ("verify.bisect", ("--cache-len", "600"), "--cache-len 600: exceeds the model's max_position"),
         ("verify.bench", (), "usage: python -m verify.bench {gemm,attention,model}"),

@@ -396,15 +396,14 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--sweep-models",
-        default=",".join(SWEEP_MODELS),
         metavar="NAMES",
-        help=f"with --sweep, the shapes of these models only (comma list of {', '.join(SWEEP_MODELS)})",
+        help=f"with --sweep, only these models' shapes (comma list of {', '.join(SWEEP_MODELS)})",
     )
     args = parser.parse_args(argv)
     cli.require_output_file(parser, "--json", args.json)
-    models = tuple(args.sweep_models.split(","))
-    if not args.sweep and models != tuple(SWEEP_MODELS):
+    if args.sweep_models is not None and not args.sweep:
         parser.error("--sweep-models: only with --sweep (the comparison table is the article config's)")
+    models = tuple(args.sweep_models.split(",")) if args.sweep_models else tuple(SWEEP_MODELS)
     if unknown := sorted(set(models) - set(SWEEP_MODELS)):
         parser.error(f"--sweep-models: unknown {', '.join(unknown)}; expected from {', '.join(SWEEP_MODELS)}")
     if timing.cuda_missing("verify.bench attention"):
