@@ -12,6 +12,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRITONCHECK_CACHE", os.path.join(os.path.dirname(__file__), ".cache", "tritoncheck"))
 
 
+@pytest.fixture(autouse=True)
+def _release_cached_gpu_memory():
+    """Hand the GPU memory a test freed back to the device after it. Each xdist worker's CUDA
+    caching allocator keeps freed blocks for its own next allocation, so a worker done with a
+    large test held gigabytes the others could not get: the thorough profile's 16 workers ran
+    the H200 out of memory (2026-12-02)."""
+    yield
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend",

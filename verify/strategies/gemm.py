@@ -284,6 +284,18 @@ LINEAR_SPLITK_INVALID = (
 # ---- splitk_reduce -----------------------------------------------------------------------------
 
 
+# Partials of at most this many elements (268 MB of fp32). Drawn up to 64 x 5000 x 8192 (10 GB),
+# one case took 40 GB of GPU memory with the copies a check makes (the impl's, the reference's,
+# the fp64 oracle's), a third of the H200 for one of the thorough profile's 16 workers
+# (2026-12-02); the reduce's paths (split counts, M = 1, N tails, strided rows) need no such size.
+REDUCE_ELEMENTS = 1 << 26
+
+
+def _reduce_within_budget(params: dict) -> dict:
+    """M cut down so that the partials hold at most ``REDUCE_ELEMENTS``."""
+    return {**params, "m": min(params["m"], max(1, REDUCE_ELEMENTS // (params["s"] * params["n"])))}
+
+
 def splitk_reduce_params(limits: Limits) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries(
         {
@@ -293,7 +305,7 @@ def splitk_reduce_params(limits: Limits) -> st.SearchStrategy[dict]:
             "pad": padding(),
             **common(),
         }
-    )
+    ).map(_reduce_within_budget)
 
 
 def splitk_reduce_build(params: dict, device: torch.device) -> Case:
