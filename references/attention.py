@@ -62,17 +62,25 @@ def pv_matmul(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bhij,bjhd->bihd", probs, values)
 
 
-def _heads(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor):
-    """Batch row by batch row, query head by query head: ``(b, h, q, k, v, seq_lens)`` slices of
-    one head each (``k`` and ``v`` its kv head). Whole, the scores of the largest drawn GPU cases
-    (``[4, 32, 2100, 2100]``) and their masked, softmaxed and fp64 copies took tens of GB a
-    process, and the thorough profile's 16 workers ran the H200 out of memory (2026-12-02)."""
-    group = q.shape[2] // k_cache.shape[2]
-    for b in range(q.shape[0]):
-        for h in range(q.shape[2]):
-            kv = slice(h // group, h // group + 1)
-            rows = slice(b, b + 1)
-            yield b, h, q[rows, :, h : h + 1], k_cache[rows, :, kv], v_cache[rows, :, kv], seq_lens[rows]
+# Scores a reference computes at once. The model's runs (decode, the benchmark's prefill, the
+# torch.compile peer) stay under it and compute whole; the largest drawn GPU cases
+# ([4, 32, 2100, 2100]) with their masked, softmaxed and fp64 copies took tens of GB a process,
+# and the thorough profile's 16 workers ran the H200 out of memory (2026-12-02).
+SCORES_AT_ONCE = 1 << 24
+
+
+def _chunks(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor):
+    """``(rows, heads, q, k, v, seq_lens)``: the whole problem when its scores fit
+    ``SCORES_AT_ONCE``, else one batch row and query head at a time (``k`` and ``v`` its kv head)."""
+    batch, seq, q_heads, _ = q.shape
+    if batch * q_heads * seq * k_cache.shape[1] <= SCORES_AT_ONCE:
+        yield slice(None), slice(None), q, k_cache, v_cache, seq_lens
+        return
+    group = q_heads // k_cache.shape[2]
+    for b in range(batch):
+        for h in range(q_heads):
+            rows, heads, kv = slice(b, b + 1), slice(h, h + 1), slice(h // group, h // group + 1)
+            yield rows, heads, q[rows, :, heads], k_cache[rows, :, kv], v_cache[rows, :, kv], seq_lens[rows]
 
 
 def attention(
@@ -82,12 +90,12 @@ def attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """``softmax(q k^T * scale, causal over the valid cache rows) v``, ``[B, S, Hq, D]`` in q's dtype,
-    the three steps taken one batch row and query head at a time (``_heads``)."""
+    """``softmax(q k^T * scale, causal over the valid cache rows) v``, ``[B, S, Hq, D]`` in q's dtype
+    (the three steps over ``_chunks``)."""
     result = torch.empty(q.shape, dtype=compute_dtype(), device=q.device)
-    for b, h, q_h, k_h, v_h, lens in _heads(q, k_cache, v_cache, seq_lens):
-        probs = causal_mask_softmax(qk_score(q_h, k_h, scale), lens, q.shape[1])
-        result[b : b + 1, :, h : h + 1] = pv_matmul(probs, v_h)
+    for rows, heads, q_c, k_c, v_c, lens in _chunks(q, k_cache, v_cache, seq_lens):
+        probs = causal_mask_softmax(qk_score(q_c, k_c, scale), lens, q.shape[1])
+        result[rows, :, heads] = pv_matmul(probs, v_c)
     return out(result, q.dtype)
 
 
@@ -103,10 +111,11 @@ def score_rounding_floor(
     floor, over the visible rows. Large scores (hundreds) make it the dominant fp32 error.
     """
     largest_terms, largest_values = [], []
-    for _, _, q_h, k_h, v_h, lens in _heads(q, k_cache, v_cache, seq_lens):
-        mask = visible(lens, q.shape[1], k_cache.shape[1])  # [1, 1, S, L]
-        terms = qk_score(q_h.double().abs(), k_h.double().abs(), abs(scale)).masked_fill(~mask, 0.0)
-        values = v_h.double().abs().amax(dim=-1).transpose(1, 2)[:, :, None, :]  # [1, 1, 1, L]
+    for _, _, q_c, k_c, v_c, lens in _chunks(q, k_cache, v_cache, seq_lens):
+        mask = visible(lens, q.shape[1], k_cache.shape[1])  # [B, 1, S, L] of the chunk
+        terms = qk_score(q_c.double().abs(), k_c.double().abs(), abs(scale)).masked_fill(~mask, 0.0)
+        values = _expand_kv(v_c.double().abs(), q_c.shape[2]).amax(dim=-1)  # [B, L, Hq] of the chunk
+        values = values.transpose(1, 2)[:, :, None, :]
         largest_terms.append(terms.amax())
         largest_values.append(values.masked_fill(~mask, 0.0).amax())
     largest_v = torch.stack(largest_values).amax().item()

@@ -89,6 +89,21 @@ def test_drill_down_steps_compose_to_the_reference() -> None:
     assert torch.equal(combined.to(q.dtype), ref.attention(q, k_cache, v_cache, seq_lens, scale))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reference_taken_a_head_at_a_time_computes_what_it_computes_whole(monkeypatch, dtype) -> None:
+    """Past ``SCORES_AT_ONCE`` scores (only the GPU's largest drawn cases) the reference and its
+    rounding floor work one batch row and query head at a time: the same numbers as whole."""
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 5, 6, 32, generator=gen).to(dtype)
+    k_cache, v_cache = (torch.randn(2, 40, 3, 32, generator=gen).to(dtype) for _ in range(2))
+    seq_lens = torch.tensor([40, 9], dtype=torch.int32)
+    whole = ref.attention(q, k_cache, v_cache, seq_lens, 0.3)
+    floor = ref.score_rounding_floor(q, k_cache, v_cache, seq_lens, 0.3)
+    monkeypatch.setattr(ref, "SCORES_AT_ONCE", 1)
+    torch.testing.assert_close(ref.attention(q, k_cache, v_cache, seq_lens, 0.3), whole, rtol=1e-6, atol=1e-6)
+    assert ref.score_rounding_floor(q, k_cache, v_cache, seq_lens, 0.3) == floor
+
+
 def test_qk_score_reads_kv_head_h_over_group() -> None:
     q, k_cache, _, _, scale = _case().args
     group = q.shape[2] // k_cache.shape[2]
