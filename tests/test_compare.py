@@ -99,10 +99,47 @@ def test_write_to_an_input_is_caught() -> None:
 def test_an_impl_returning_none_is_told_so() -> None:
     spec, case = _case("rms_norm")
     result = check(spec, case, lambda x, w, eps: None)
-    assert not result.passed and result.error == "implementation returned None, the reference 1 outputs"
+    assert not result.passed and result.error == "implementation returned None, the reference a single output"
     spec, case = _case("rope_kv_store")  # the caches it updates are not counted as returned
     result = check(spec, case, lambda *args, **kwargs: None)
-    assert not result.passed and result.error == "implementation returned None, the reference 1 outputs"
+    assert not result.passed and result.error == "implementation returned None, the reference a single output"
+
+
+def test_an_impl_returning_its_one_output_in_a_tuple_is_told_so() -> None:
+    spec, case = _case("rms_norm")
+    result = check(spec, case, lambda x, w, eps: (norm.rms_norm(x, w, eps),))
+    assert not result.passed
+    assert result.error == "implementation returned a tuple of 1 outputs, the reference a single output"
+
+
+def test_an_output_that_is_not_new_memory_fails() -> None:
+    # right values, but a view of an input, one output twice, or a buffer kept between calls:
+    # each is overwritten under its caller
+    spec, case = _case("splitk_reduce", s=1, dtype="float32")
+    result = check(spec, case, lambda partials, out_dtype: partials[0].to(out_dtype))
+    assert not result.passed and result.error.startswith("out shares memory with input partials")
+
+    spec, case = _case("add_rms_norm")
+
+    def one_output_twice(x, residual, w, eps):
+        y, _ = norm.add_rms_norm(x, residual, w, eps)
+        return y, y
+
+    result = check(spec, case, one_output_twice)
+    assert not result.passed and result.error.startswith("out[1] shares memory with out[0]")
+
+    spec, case = _case("rms_norm")
+    kept = {}
+
+    def keeps_its_buffer(x, w, eps):
+        y = norm.rms_norm(x, w, eps)
+        buffer = kept.setdefault("out", torch.empty_like(y))
+        return buffer.copy_(y)
+
+    assert check(spec, case, keeps_its_buffer).passed  # the first call's memory is new
+    result = check(spec, case, keeps_its_buffer)
+    assert not result.passed and "is the memory an earlier call returned" in result.error
+    assert check(spec, case).passed  # the registered kernel allocates every time
 
 
 def test_an_impl_failing_deep_in_a_library_shows_its_own_line() -> None:
@@ -384,6 +421,19 @@ def test_a_failure_in_either_stage_of_a_property_run_fails_it() -> None:
     named_only = property.run(spec, _impl_wrong_on_calls(spec, lambda n: n == 1), max_examples=5)
     assert not named_only.passed and named_only.failure is not None
     assert property.run(spec, _impl_wrong_on_calls(spec, lambda n: False), max_examples=5).passed
+    assert not drawn_only.nondeterministic  # wrong on every drawn call: the failure repeats
+    assert named_only.nondeterministic  # wrong on its first call only: rerun, the example passes
+
+
+def test_a_failure_that_does_not_repeat_is_reported_as_nondeterministic() -> None:
+    """Wrong on the first drawn case only: Hypothesis's replay of it passes, so the run fails and
+    says the implementation is nondeterministic instead of calling the case a shrunk repro."""
+    from verify import property
+
+    spec = registry.get("rms_norm")
+    first_drawn = len(property.runnable_examples(spec)) + 1
+    outcome = property.run(spec, _impl_wrong_on_calls(spec, lambda n: n == first_drawn), max_examples=5)
+    assert not outcome.passed and outcome.nondeterministic and outcome.failure is not None
 
 
 def test_a_report_says_how_much_of_its_tolerance_an_output_used() -> None:

@@ -329,12 +329,19 @@ def print_step(results: list[LayerResult], label: str) -> None:
         )
 
 
+def _clipped(text: str, width: int) -> str:
+    """The text cut at a word boundary to fit the table, marked when cut."""
+    if len(text) <= width:
+        return text
+    return text[: width - 4].rsplit(" ", 1)[0].rstrip(";,") + " ..."
+
+
 def print_drill(ops: list[OpResult]) -> None:
     print(f"\n{'point':<13} {'op':<19} {'verdict':<8} {'max abs':>9}  detail")
     for r in ops:
         print(
             f"{r.point:<13} {r.op:<19} {'ok' if r.passed else 'DIVERGES':<8} {r.max_abs:>9.3g}  "
-            f"{r.detail[:90]}"
+            f"{_clipped(r.detail, 90)}"
         )
         if not r.passed:
             print(f"{'':<13} inputs: {r.shapes}")
@@ -496,4 +503,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verify import cli
+
+    cli.exit_with(main)

@@ -9,6 +9,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,17 @@ EPILOG = (
     "2 bad usage or input. TRITONCHECK_BACKEND=auto|cuda|interpreter picks where kernels run "
     "(auto: cuda when torch sees a GPU)."
 )
+
+
+def exit_with(main: Callable[[], int]) -> None:
+    """Run a CLI's ``main`` and exit with its status; Ctrl-C (an implementation that hangs, say)
+    ends it with the shell's 130 and one line, not a traceback from wherever it was."""
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        status = 130
+    sys.exit(status)
 
 
 def positive_int(text: str) -> int:

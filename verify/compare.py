@@ -98,6 +98,8 @@ class CheckResult:
         """A failure message a person can act on: what, where, how far off, how to reproduce."""
         lines = [f"{self.op}: {'verified' if self.passed else 'DIVERGES'}"]
         lines.append(f"  case: {self.case.params_json()}")
+        if self.case.labels:  # e.g. "seq_len past capacity": a rule the case holds the op to
+            lines.append(f"  edge classes: {', '.join(self.case.labels)}")
         lines.append(f"  inputs: {describe_inputs(self.case)}")
         if self.error:
             lines.append(f"  error: {self.error}")
@@ -460,6 +462,51 @@ def _accepted(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+def _form(named: list[tuple[str, Any]]) -> str:
+    """What a call returned, from its named outputs: None, a single output, or a tuple of n."""
+    outs = [n for n, _ in named if n.startswith("out")]
+    if not outs:
+        return "None"
+    return "a single output" if outs == ["out"] else f"a tuple of {len(outs)} outputs"
+
+
+def _storage(t: torch.Tensor) -> tuple[torch.device, int]:
+    return t.device, t.untyped_storage().data_ptr()
+
+
+_last_outputs: list[torch.Tensor] = []  # the previous check's returned tensors, kept alive
+
+
+def _shared_memory(
+    impl_out: list[tuple[str, Any]], names: list[str], args: tuple, mutates: tuple[str, ...]
+) -> str:
+    """Why the returned tensors are not new memory, or ''. An output that is a view of an input,
+    another output, or a buffer the implementation keeps between calls reads right in one check
+    but is overwritten under the caller (the contract: outputs are new tensors; the model passes
+    ``out=`` where it wants a static buffer)."""
+    global _last_outputs
+    returned = [(n, t) for n, t in impl_out if n not in mutates and isinstance(t, torch.Tensor)]
+    inputs = [(f"input {n}", a) for n, a in zip(names, args, strict=False) if isinstance(a, torch.Tensor)]
+    kept = {_storage(t) for t in _last_outputs if t.numel()}
+    problem = ""
+    for i, (name, t) in enumerate(returned):
+        if not t.numel():
+            continue
+        others = inputs + returned[:i]
+        same = next((other for other, a in others if a.numel() and _storage(a) == _storage(t)), None)
+        if same is not None:
+            problem = f"{name} shares memory with {same}: outputs must be new tensors"
+            break
+        if _storage(t) in kept:
+            problem = (
+                f"{name} is the memory an earlier call returned (a buffer kept between calls): "
+                "outputs must be new tensors"
+            )
+            break
+    _last_outputs = [t for _, t in returned]
+    return problem
+
+
 def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str | None = None) -> CheckResult:
     """Run ``impl`` (default: the registered kernel), then the reference, and judge every output."""
     impl = impl or spec.impl
@@ -502,12 +549,13 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         ref_out = _run_reference(spec, case, "reference")
     except Exception as exc:  # inputs the reference cannot take (a given or recorded case)
         return _raised(result, "reference", exc)
-    if len(impl_out) != len(ref_out):
+    if [n for n, _ in impl_out] != [n for n, _ in ref_out]:  # a count, or a 1-tuple for a tensor
         result.passed = False
-        got = "None" if returned is None else f"{len(named_outputs(returned))} outputs"
-        result.error = (
-            f"implementation returned {got}, the reference {len(ref_out) - len(spec.mutates)} outputs"
-        )
+        result.error = f"implementation returned {_form(impl_out)}, the reference {_form(ref_out)}"
+        return result
+    shared = _shared_memory(impl_out, names, args, spec.mutates)
+    if shared:
+        result.passed, result.error = False, shared
         return result
     tol = lookup(spec.tolerance, dtype_of(case.params))
     oracle_out = lowp_out = terms_out = None

@@ -424,4 +424,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verify import cli
+
+    cli.exit_with(main)

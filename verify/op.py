@@ -69,6 +69,10 @@ def _list_ops(json_path: str | None) -> int:
     return 0
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _coverage_lines(coverage) -> list[str]:
     return [
         f"    {label:<28} {count}"
@@ -161,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     verdict = "VERIFIED" if outcome.passed else "DIVERGES"
     print(
-        f"{verdict}: {outcome.examples} named examples and {outcome.cases} generated cases in {elapsed:.1f}s"
+        f"{verdict}: {_count(outcome.examples, 'named example')} and "
+        f"{_count(outcome.cases, 'generated case')} in {elapsed:.1f}s"
     )
     print("  edge classes covered (cases):")
     print("\n".join(_coverage_lines(outcome.coverage)) or "    (none)")
@@ -174,7 +179,14 @@ def main(argv: list[str] | None = None) -> int:
             if o.reason:
                 print(f"    {o.name}: {o.reason}")
     if outcome.failure is not None:
-        print("  smallest failing case after shrinking:")
+        if outcome.nondeterministic:
+            print(
+                "  the failure did not repeat when its case ran again: the implementation is not\n"
+                "  deterministic (a race, memory read before it is written, state kept between calls);\n"
+                "  a case that failed once, not shrunk (its repro may pass):"
+            )
+        else:
+            print("  smallest failing case after shrinking:")
         print("  " + outcome.failure.describe().replace("\n", "\n  "))
     cli.write_json(
         args.json,
@@ -190,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             "worst_tolerance_used": outcome.worst.used if outcome.worst else None,
             "worst": outcome.worst.as_json() if outcome.worst else None,  # the closest to failing
             "failure": outcome.failure.as_json() if outcome.failure else None,
+            "nondeterministic": outcome.nondeterministic,
         },
     )
     return 0 if outcome.passed else 1
@@ -303,4 +316,6 @@ def _recorded_case(spec, path: str):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verify import cli
+
+    cli.exit_with(main)

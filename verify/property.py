@@ -28,6 +28,7 @@ class Outcome:
     coverage: collections.Counter = field(default_factory=collections.Counter)
     worst: CheckResult | None = None  # the passing case closest to its tolerance
     failure: CheckResult | None = None  # after shrinking: the smallest failing case
+    nondeterministic: bool = False  # the failure did not repeat when its case ran again
 
 
 def _closeness(result: CheckResult) -> tuple[float, float]:
@@ -93,6 +94,12 @@ def run(
     test = property_holds if random_seed is None else seed(random_seed)(property_holds)
     try:
         test()
-    except (AssertionError, Flaky):
+    except Flaky:  # Hypothesis replayed the failing case and it passed: not shrunk, may not repeat
+        outcome.passed, outcome.nondeterministic = False, True
+    except AssertionError:
         outcome.passed = False
+    if outcome.failure is not None and not outcome.nondeterministic:
+        # once more: a failure that Hypothesis's own replay happened to repeat may still not be the
+        # case's (a kernel wrong on some calls only)
+        outcome.nondeterministic = check(spec, outcome.failure.case, impl, impl_label).passed
     return outcome

@@ -136,7 +136,7 @@ def _labels(params: dict) -> tuple[str, ...]:
     out.append("decode path" if uses_decode_path(s, g) else "prefill path")
     if past:
         out.append("decode (S = 1) after a prefix" if s == 1 else "chunked prefill (seq_len > S)")
-    elif s == 1:
+    elif s == 1 and params["lens"] != "past_capacity":
         out.append("seq_len = 1")
     if params["lens"] != "same" and params["b"] > 1:
         out.append(f"seq_lens {params['lens']}")
