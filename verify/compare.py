@@ -277,7 +277,8 @@ def judge(
     flat = int(diff.argmax())
     report.worst_index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), impl.shape))
     report.max_abs, report.mean_abs = float(diff.max()), float(diff[finite].mean()) if finite.any() else 0.0
-    report.impl_value, report.ref_value = a.flatten()[flat].item(), r.flatten()[flat].item()
+    # the values as the tensors hold them: an index stays an int in the report
+    report.impl_value, report.ref_value = impl.flatten()[flat].item(), ref.flatten()[flat].item()
 
     nonfinite = _nonfinite_problem(a, r)
     if nonfinite is not None:

@@ -84,6 +84,11 @@ def failure_site(exc: BaseException) -> str:
     libraries and this tool, so its line shows however deep the libraries it called went), the
     frame that raised, and the exception."""
     frames = traceback.extract_tb(exc.__traceback__)
+    mode = next((i for i, f in enumerate(frames) if f.name == "__torch_dispatch__"), None)
+    if mode:  # a torch op raised inside the check's poisoning mode: the site is the op's caller
+        frames = frames[:mode]
+        while len(frames) > 1 and "/torch/" in Path(frames[-1].filename).as_posix():
+            frames = frames[:-1]
     own = [f for f in frames if not f.filename.startswith(_NOT_USER_CODE)]
     shown = ([own[-1]] if own and own[-1] is not frames[-1] else []) + frames[-1:]
     return "".join(traceback.format_list(shown) + traceback.format_exception_only(exc))
