@@ -109,12 +109,12 @@ def test_an_impl_returning_its_one_output_in_a_tuple_is_told_so() -> None:
     spec, case = _case("rms_norm")
     result = check(spec, case, lambda x, w, eps: (norm.rms_norm(x, w, eps),))
     assert not result.passed
-    assert result.error == "implementation returned a tuple of 1 outputs, the reference a single output"
+    assert result.error == "implementation returned a tuple of 1 output, the reference a single output"
 
 
 def test_an_output_that_is_not_new_memory_fails() -> None:
-    # right values, but a view of an input, one output twice, or a buffer kept between calls:
-    # each is overwritten under its caller
+    # right values, but a view of an input, one output twice, or a view of a buffer passed by
+    # keyword: each is overwritten under its caller
     spec, case = _case("splitk_reduce", s=1, dtype="float32")
     result = check(spec, case, lambda partials, out_dtype: partials[0].to(out_dtype))
     assert not result.passed and result.error.startswith("out shares memory with input partials")
@@ -128,18 +128,47 @@ def test_an_output_that_is_not_new_memory_fails() -> None:
     result = check(spec, case, one_output_twice)
     assert not result.passed and result.error.startswith("out[1] shares memory with out[0]")
 
+    spec, case = _case("linear_splitk", split_k=1, dtype="float32", prealloc=True)
+    assert "partials" in case.kwargs
+    result = check(spec, case, lambda x, w, split_k, partials: torch.mm(x, w.t(), out=partials[0]))
+    assert not result.passed and result.error.startswith("out shares memory with input partials")
+
+
+def test_outputs_cut_from_one_new_allocation_pass() -> None:
+    spec, case = _case("add_rms_norm")
+
+    def halves_of_one_buffer(x, residual, w, eps):
+        y, total = norm.add_rms_norm(x, residual, w, eps)
+        both = torch.empty((2, *y.shape), dtype=y.dtype, device=y.device)
+        both[0], both[1] = y, total
+        return both[0], both[1]
+
+    assert check(spec, case, halves_of_one_buffer).passed
+
+
+def test_a_buffer_kept_between_calls_fails_within_a_run() -> None:
+    from verify.memory import ReturnedMemory
+
     spec, case = _case("rms_norm")
-    kept = {}
+    other_spec, other_case = _case("rms_norm", n=33)
+    ring: list[torch.Tensor] = []
+    calls = []
 
-    def keeps_its_buffer(x, w, eps):
+    def two_buffers_in_turn(x, w, eps):  # a ring of two, as a double-buffered kernel might keep
         y = norm.rms_norm(x, w, eps)
-        buffer = kept.setdefault("out", torch.empty_like(y))
-        return buffer.copy_(y)
+        if len(ring) < 2:
+            ring.append(torch.empty_like(y))
+        calls.append(None)
+        return ring[(len(calls) - 1) % 2].copy_(y)
 
-    assert check(spec, case, keeps_its_buffer).passed  # the first call's memory is new
-    result = check(spec, case, keeps_its_buffer)
-    assert not result.passed and "is the memory an earlier call returned" in result.error
-    assert check(spec, case).passed  # the registered kernel allocates every time
+    earlier = ReturnedMemory()
+    assert check(spec, case, two_buffers_in_turn, earlier=earlier).passed  # new memory both times
+    assert check(spec, case, two_buffers_in_turn, earlier=earlier).passed
+    assert check(other_spec, other_case, earlier=earlier).passed  # another op's call between
+    result = check(spec, case, two_buffers_in_turn, earlier=earlier)
+    assert not result.passed and "is memory an earlier call returned" in result.error
+    for _ in range(3):  # the registered kernel allocates every time
+        assert check(spec, case, earlier=earlier).passed
 
 
 def test_an_impl_failing_deep_in_a_library_shows_its_own_line() -> None:
@@ -152,6 +181,25 @@ def test_an_impl_failing_deep_in_a_library_shows_its_own_line() -> None:
 
     result = check(spec, case, parses_nothing)
     assert 'return json.loads("{")' in result.error and "JSONDecodeError" in result.error
+
+
+def test_an_impl_failing_inside_a_torch_op_shows_its_own_line_last() -> None:
+    """Under the check's poisoning dispatch mode a torch op raises from torch's dispatch code:
+    the report ends at the implementation's call, not in torch/_ops.py."""
+    spec, case = _case("rms_norm")
+
+    def asks_for_a_negative_size(x, w, eps):
+        return torch.empty(-1)
+
+    result = check(spec, case, asks_for_a_negative_size)
+    assert "return torch.empty(-1)" in result.error and "_ops.py" not in result.error
+
+
+def test_an_integer_output_reports_integer_values() -> None:
+    spec, case = _case("argmax")
+    result = check(spec, case, lambda logits: logits.argmin(-1))
+    (report,) = result.outputs
+    assert not report.passed and isinstance(report.impl_value, int) and isinstance(report.ref_value, int)
 
 
 def test_write_outside_a_view_is_caught() -> None:

@@ -25,6 +25,7 @@ from ops import scratch
 from references.precision import computing_in, oracle, ulp
 from verify.cases import Case, dtype_of
 from verify.impl_loader import failure_site
+from verify.memory import ReturnedMemory, not_new
 from verify.tolerances import Tolerance, dtype_key, lookup
 
 RATIO_CAP = 1 / 32  # max_error_ratio's bound is at most this fraction of max|oracle| (plus 1 ulp)
@@ -468,48 +469,20 @@ def _form(named: list[tuple[str, Any]]) -> str:
     outs = [n for n, _ in named if n.startswith("out")]
     if not outs:
         return "None"
-    return "a single output" if outs == ["out"] else f"a tuple of {len(outs)} outputs"
+    if outs == ["out"]:
+        return "a single output"
+    return f"a tuple of {len(outs)} output{'' if len(outs) == 1 else 's'}"
 
 
-def _storage(t: torch.Tensor) -> tuple[torch.device, int]:
-    return t.device, t.untyped_storage().data_ptr()
-
-
-_last_outputs: list[torch.Tensor] = []  # the previous check's returned tensors, kept alive
-
-
-def _shared_memory(
-    impl_out: list[tuple[str, Any]], names: list[str], args: tuple, mutates: tuple[str, ...]
-) -> str:
-    """Why the returned tensors are not new memory, or ''. An output that is a view of an input,
-    another output, or a buffer the implementation keeps between calls reads right in one check
-    but is overwritten under the caller (the contract: outputs are new tensors; the model passes
-    ``out=`` where it wants a static buffer)."""
-    global _last_outputs
-    returned = [(n, t) for n, t in impl_out if n not in mutates and isinstance(t, torch.Tensor)]
-    inputs = [(f"input {n}", a) for n, a in zip(names, args, strict=False) if isinstance(a, torch.Tensor)]
-    kept = {_storage(t) for t in _last_outputs if t.numel()}
-    problem = ""
-    for i, (name, t) in enumerate(returned):
-        if not t.numel():
-            continue
-        others = inputs + returned[:i]
-        same = next((other for other, a in others if a.numel() and _storage(a) == _storage(t)), None)
-        if same is not None:
-            problem = f"{name} shares memory with {same}: outputs must be new tensors"
-            break
-        if _storage(t) in kept:
-            problem = (
-                f"{name} is the memory an earlier call returned (a buffer kept between calls): "
-                "outputs must be new tensors"
-            )
-            break
-    _last_outputs = [t for _, t in returned]
-    return problem
-
-
-def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str | None = None) -> CheckResult:
-    """Run ``impl`` (default: the registered kernel), then the reference, and judge every output."""
+def check(
+    spec: Any,
+    case: Case,
+    impl: Callable | None = None,
+    impl_label: str | None = None,
+    earlier: ReturnedMemory | None = None,
+) -> CheckResult:
+    """Run ``impl`` (default: the registered kernel), then the reference, and judge every output.
+    ``earlier``: the run's recent outputs, so one returned again (a kept buffer) fails."""
     impl = impl or spec.impl
     names = arg_names(spec.reference)
     result = CheckResult(spec.name, case, True, repro=repro_command(spec.name, case, impl_label))
@@ -523,7 +496,7 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
     poison_scratch()
     try:
         with PoisonNewTensors():
-            returned = impl(*args, **_accepted(impl, kwargs))
+            returned = impl(*args, **(passed := _accepted(impl, kwargs)))
         impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)
@@ -554,7 +527,8 @@ def check(spec: Any, case: Case, impl: Callable | None = None, impl_label: str |
         result.passed = False
         result.error = f"implementation returned {_form(impl_out)}, the reference {_form(ref_out)}"
         return result
-    shared = _shared_memory(impl_out, names, args, spec.mutates)
+    inputs = [*zip(names, args, strict=False), *((k, v) for k, v in passed.items() if k != "out")]
+    shared = not_new([(n, v) for n, v in impl_out if n not in spec.mutates], inputs, earlier)
     if shared:
         result.passed, result.error = False, shared
         return result

@@ -85,9 +85,12 @@ def failure_site(exc: BaseException) -> str:
     frame that raised, and the exception."""
     frames = traceback.extract_tb(exc.__traceback__)
     mode = next((i for i, f in enumerate(frames) if f.name == "__torch_dispatch__"), None)
-    if mode:  # a torch op raised inside the check's poisoning mode: the site is the op's caller
+    if mode is not None:  # a torch op raised inside the check's poisoning mode: the site is its caller
+        import torch  # loaded already: the mode is torch's
+
         frames = frames[:mode]
-        while len(frames) > 1 and "/torch/" in Path(frames[-1].filename).as_posix():
+        torch_dir = Path(torch.__file__).parent
+        while len(frames) > 1 and Path(frames[-1].filename).is_relative_to(torch_dir):
             frames = frames[:-1]
     own = [f for f in frames if not f.filename.startswith(_NOT_USER_CODE)]
     shown = ([own[-1]] if own and own[-1] is not frames[-1] else []) + frames[-1:]

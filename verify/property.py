@@ -7,13 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import event, given, seed, settings
-from hypothesis.errors import Flaky
+from hypothesis.errors import FlakyFailure
 
 import registry
 from ops import backend
 from verify import limits
 from verify.cases import Case
 from verify.compare import CheckResult, check
+from verify.memory import ReturnedMemory
 
 
 @dataclass
@@ -55,9 +56,10 @@ def run(
     profile; a failure is shrunk to its smallest repro before it is reported."""
     outcome = Outcome(spec.name, True)
     device = backend.device()
+    earlier = ReturnedMemory()  # this run's recent outputs: one returned again is a kept buffer
 
     def judge(case: Case) -> CheckResult:
-        result = check(spec, case, impl, impl_label)
+        result = check(spec, case, impl, impl_label, earlier)
         if result.passed and (outcome.worst is None or _closeness(result) > _closeness(outcome.worst)):
             outcome.worst = result
         return result
@@ -94,7 +96,7 @@ def run(
     test = property_holds if random_seed is None else seed(random_seed)(property_holds)
     try:
         test()
-    except Flaky:  # Hypothesis replayed the failing case and it passed: not shrunk, may not repeat
+    except FlakyFailure:  # Hypothesis replayed the failing case and it passed: not shrunk, may not repeat
         outcome.passed, outcome.nondeterministic = False, True
     except AssertionError:
         outcome.passed = False
