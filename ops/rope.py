@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops import pdl, validate
+from ops import norm, pdl, validate
 from ops.heads import head_block, heads_per_program
 
 _inv_freq_cache: dict[tuple[int, float, torch.device], torch.Tensor] = {}
@@ -127,7 +127,7 @@ def norm_rope_rows(
             + tl.sum(x2 * x2, axis=-1, keep_dims=True)
             + tl.sum(rest * rest, axis=-1, keep_dims=True)
         )
-        inv_rms = 1.0 / tl.sqrt(sum_sq / D + eps)
+        inv_rms = norm.inv_rms(sum_sq, D, eps)
         x1 = (x1 * inv_rms * w1).to(dtype).to(tl.float32)
         x2 = (x2 * inv_rms * w2).to(dtype).to(tl.float32)
         rest = (rest * inv_rms * wr).to(dtype).to(tl.float32)
