@@ -25,6 +25,30 @@ def test_add_rms_norm_normalizes_the_rounded_sum_as_the_unfused_ops_do(dtype: to
     assert torch.equal(y, norm.rms_norm(x + r, w, 1e-6))
 
 
+def test_rms_norms_round_each_step_of_the_root_to_nearest() -> None:
+    """In fp32 the norms' 1/rms is ((sum / n + eps) -> sqrt -> 1 / it), each step rounded to nearest:
+    bitwise the same steps taken in fp64 and rounded to fp32 one by one, where the sum of squares
+    is exact (one element a row). On the GPU Triton's / and sqrt are approximate, 2 ulps off at
+    times: the thorough profile found it, over the tolerance, where plain torch was exact. (Not
+    torch's fp32 steps as the reference: its CPU sqrt is not always rounded to nearest.)"""
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x, r = (torch.randn(4096, 1, generator=gen, device=DEVICE) for _ in range(2))
+    w = torch.ones(1, device=DEVICE)
+    eps = torch.tensor(1e-6, dtype=torch.float32).item()  # the kernel takes eps as fp32
+
+    def stepwise(v: torch.Tensor) -> torch.Tensor:
+        def f32(t: torch.Tensor) -> torch.Tensor:  # an fp64 result of fp32 operands, rounded once
+            return t.float().double()
+
+        v = v.double()
+        inv_rms = f32(1.0 / f32(torch.sqrt(f32(f32(v * v) / 1 + eps))))
+        return f32(v * inv_rms).float()
+
+    assert torch.equal(norm.rms_norm(x, w, 1e-6), stepwise(x))
+    y, total = norm.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(y, stepwise(total))
+
+
 def ulps_from_a_midpoint(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """How far each (normal-range, nonzero) ``v`` lies from the nearest rounding midpoint of
     ``dtype``, in ulps (0 on a midpoint, 0.5 on a representable value)."""
