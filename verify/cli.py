@@ -48,6 +48,11 @@ def exit_with(main: Callable[[], int]) -> None:
     sys.exit(status)
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 case``, ``2 cases``: a count with its noun in the right number."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def positive_int(text: str) -> int:
     """An argparse ``type`` for counts: a whole number >= 1 (argparse names the option)."""
     try:

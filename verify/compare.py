@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ops import scratch
 from references.precision import computing_in, oracle, ulp
 from verify.cases import Case, dtype_of
+from verify.cli import counted
 from verify.impl_loader import failure_site
 from verify.memory import ReturnedMemory, not_new
 from verify.tolerances import Tolerance, dtype_key, lookup
@@ -471,7 +472,7 @@ def _form(named: list[tuple[str, Any]]) -> str:
         return "None"
     if outs == ["out"]:
         return "a single output"
-    return f"a tuple of {len(outs)} output{'' if len(outs) == 1 else 's'}"
+    return f"a tuple of {counted(len(outs), 'output')}"
 
 
 def check(
@@ -493,10 +494,11 @@ def check(
         for n, a in zip(names, args, strict=False)
         if isinstance(a, torch.Tensor) and n not in spec.mutates
     }
+    passed = _accepted(impl, kwargs)
     poison_scratch()
     try:
         with PoisonNewTensors():
-            returned = impl(*args, **(passed := _accepted(impl, kwargs)))
+            returned = impl(*args, **passed)
         impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)

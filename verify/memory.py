@@ -49,10 +49,10 @@ class ReturnedMemory:
     def keep(self, outputs: list[torch.Tensor]) -> None:
         for t in outputs:
             self._kept.append(t)
-            self._bytes += t.numel() * t.element_size()
+            self._bytes += t.nbytes
         while self._bytes > self.budget and len(self._kept) > len(outputs):
             old = self._kept.popleft()
-            self._bytes -= old.numel() * old.element_size()
+            self._bytes -= old.nbytes
 
 
 def not_new(

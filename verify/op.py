@@ -69,10 +69,6 @@ def _list_ops(json_path: str | None) -> int:
     return 0
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def _coverage_lines(coverage) -> list[str]:
     return [
         f"    {label:<28} {count}"
@@ -165,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     verdict = "VERIFIED" if outcome.passed else "DIVERGES"
     print(
-        f"{verdict}: {_count(outcome.examples, 'named example')} and "
-        f"{_count(outcome.cases, 'generated case')} in {elapsed:.1f}s"
+        f"{verdict}: {cli.counted(outcome.examples, 'named example')} and "
+        f"{cli.counted(outcome.cases, 'generated case')} in {elapsed:.1f}s"
     )
     print("  edge classes covered (cases):")
     print("\n".join(_coverage_lines(outcome.coverage)) or "    (none)")
