@@ -15,9 +15,14 @@ from ops.rope import norm_rope_rows
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, N, eps, BLOCK_N: tl.constexpr, BUG: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, y_ptr, flags_ptr, stride_x, N, eps, BLOCK_N: tl.constexpr, BUG: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
+    if BUG == "waits_for_next_row":  # an order between programs that the grid never promised:
+        while tl.load(flags_ptr + row + 1, volatile=True) == 0:  # the last row waits for no one
+            N = N + 0
     if BUG == "tail_dropped":  # the last partial chunk of 16 is never loaded
         mask = cols < (N // 16) * 16
     elif BUG == "off_by_one":
@@ -31,14 +36,16 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, N, eps, BLOCK_N: tl.constexp
     else:
         inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
     tl.store(y_ptr + row * N + cols, (x * inv_rms * w).to(y_ptr.dtype.element_ty), mask=cols < N)
+    tl.store(flags_ptr + row, 1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, bug: str) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    flags = torch.zeros(rows.shape[0] + 1, dtype=torch.int32, device=x.device)
     block = triton.next_power_of_2(x.shape[-1])
     _rms_norm_kernel[(rows.shape[0],)](
-        rows, weight, y, rows.stride(0), x.shape[-1], eps, BLOCK_N=block, BUG=bug
+        rows, weight, y, flags, rows.stride(0), x.shape[-1], eps, BLOCK_N=block, BUG=bug
     )
     return y
 
@@ -53,6 +60,11 @@ def rms_norm_off_by_one(x: torch.Tensor, weight: torch.Tensor, eps: float) -> to
 
 def rms_norm_wrong_eps(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms_norm(x, weight, eps, "wrong_eps")
+
+
+def rms_norm_waits_for_next_row(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Never returns: each program waits for the next row's flag, and the last row has no next."""
+    return _rms_norm(x, weight, eps, "waits_for_next_row")
 
 
 def rms_norm_half_written(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -104,6 +104,30 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro(tmp_path: Path) -
     assert rerun.returncode == 1 and "DIVERGES" in rerun.stdout
 
 
+def test_a_case_that_hangs_ends_the_run_with_its_repro(tmp_path: Path) -> None:
+    """A kernel whose programs wait for a flag no program sets never returns; the case timer names
+    the case and exits 1, rather than leaving the run to hang, and its repro hangs up the same way."""
+    report = tmp_path / "out.json"
+    impl = "tests/buggy_kernels.py:rms_norm_waits_for_next_row"
+    run = verify_op("rms_norm", "--impl", impl, "--timeout", "3", "--json", str(report))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES: a case ran past the 3 s limit; the run stops there" in run.stdout
+    assert "did not finish within 3 s (--timeout)" in run.stdout
+    data = json.loads(report.read_text())
+    assert data["hung"] and not data["passed"] and data["timeout_s"] == 3
+    repro = data["failure"]["repro"]
+    assert repro.endswith(f"--impl {impl} --timeout 3") and repro in run.stdout
+    case = data["failure"]["case"]
+    rerun = verify_op("rms_norm", "--case", json.dumps(case), "--impl", impl, "--timeout", "2")
+    assert rerun.returncode == 1 and "did not finish within 2 s" in rerun.stdout
+
+
+def test_a_timeout_of_zero_is_no_limit() -> None:
+    from verify.cli import seconds_or_none
+
+    assert seconds_or_none("0") is None and seconds_or_none("2.5") == 2.5
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -129,6 +153,10 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro(tmp_path: Path) -
         (("rms_norm", "--json", "/proc/out.json"), "--json /proc/out.json: cannot be written"),
         (("rms_norm", "--examples", "abc"), "--examples: expected a whole number, got 'abc'"),
         (("rms_norm", "--json", "tests"), "--json tests: is a directory, expected a file path"),
+        (("rms_norm", "--timeout", "-1"), "--timeout: expected seconds >= 0 (0: no limit), got -1"),
+        (("rms_norm", "--timeout", "nan"), "--timeout: expected seconds >= 0 (0: no limit), got nan"),
+        (("rms_norm", "--timeout", "inf"), "--timeout: expected seconds >= 0 (0: no limit), got inf"),
+        (("rms_norm", "--timeout", "5m"), "--timeout: expected a number of seconds, got '5m'"),
     ],
 )
 def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:

@@ -64,6 +64,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seconds_or_none(text: str) -> float | None:
+    """An argparse ``type`` for a time limit: seconds > 0, or 0 for none (None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), got {text}")
+    return value or None
+
+
 def check_output_file(option: str, path: str | None) -> None:
     """``path`` (if given) can be written: its directory exists, it is not a directory itself, and
     opening it for writing works (tried in append mode; a file made by the try is removed)."""

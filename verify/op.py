@@ -18,8 +18,11 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+CASE_TIMEOUT_S = 300.0  # far past any case's time, JIT compiles and interpreter included
+
+
 def _parser() -> argparse.ArgumentParser:
-    from verify.cli import EPILOG, positive_int
+    from verify.cli import EPILOG, positive_int, seconds_or_none
     from verify.profiles import NAMES
 
     profiles = (
@@ -39,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     one = p.add_mutually_exclusive_group()
     one.add_argument("--case", help="run exactly this case (the JSON a repro command carries)")
     one.add_argument("--inputs", metavar="FILE.pt", help="run on recorded inputs (written by verify.bisect)")
+    p.add_argument(
+        "--timeout",
+        type=seconds_or_none,
+        default=CASE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"a case taking longer is a hang: report it, exit 1 (default {CASE_TIMEOUT_S:g}; 0: no limit)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--list", action="store_true", help="list the registered ops and exit")
     return p
@@ -88,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from ops import backend
     from verify import cli, impl_loader, profiles, property
     from verify.compare import check
+    from verify.watchdog import CaseTimer
 
     try:
         profile = profiles.load(backend.name())
@@ -135,16 +146,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     label = args.impl or f"registered {spec.name} kernel"
     print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
+    timer = CaseTimer(args.timeout, _hang_report(spec, label, args.impl, args.json))
 
     if case is not None:
-        result = check(spec, case, impl, args.impl)
+        with timer.running(case):
+            result = check(spec, case, impl, args.impl)
         refusal = _refusal(spec, result, checking_registered=impl is None)
         if refusal:
             print(f"verify.op: {source}: not a valid {spec.name} call: {refusal}", file=sys.stderr)
             return 2
         print(result.describe())
         cli.write_json(
-            args.json, {"op": spec.name, "impl": label, "backend": backend.name(), **result.as_json()}
+            args.json,
+            {"op": spec.name, "impl": label, "backend": backend.name(), **result.as_json(), "hung": False},
         )
         return 0 if result.passed else 1
 
@@ -157,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         examples,
         args.seed,
         progress=lambda msg: print(f"  ... {msg}", file=sys.stderr, flush=True),
+        timer=timer,
     )
     elapsed = time.monotonic() - started
     verdict = "VERIFIED" if outcome.passed else "DIVERGES"
@@ -199,9 +214,45 @@ def main(argv: list[str] | None = None) -> int:
             "worst": outcome.worst.as_json() if outcome.worst else None,  # the closest to failing
             "failure": outcome.failure.as_json() if outcome.failure else None,
             "nondeterministic": outcome.nondeterministic,
+            "hung": False,
         },
     )
     return 0 if outcome.passed else 1
+
+
+def _hang_report(spec, label: str, impl_label: str | None, json_path: str | None):
+    """What the case timer prints (and writes to ``--json``) when a case runs past its limit: the
+    case as a failure with its repro; no shrinking, since a smaller case could hang as long."""
+    from ops import backend
+    from verify import cli
+    from verify.compare import CheckResult, repro_command
+
+    def report(case, seconds: float) -> None:
+        limit = f"{seconds:g} s"
+        result = CheckResult(
+            spec.name,
+            case,
+            False,
+            error=f"did not finish within {limit} (--timeout): the implementation hangs (a program "
+            "waiting for something that never comes, a loop that never ends) or is that slow",
+            repro=f"{repro_command(spec.name, case, impl_label)} --timeout {seconds:g}",
+        )
+        print(f"DIVERGES: a case ran past the {limit} limit; the run stops there")
+        print("  " + result.describe().replace("\n", "\n  "), flush=True)
+        cli.write_json(
+            json_path,
+            {
+                "op": spec.name,
+                "impl": label,
+                "backend": backend.name(),
+                "passed": False,
+                "hung": True,
+                "timeout_s": seconds,
+                "failure": result.as_json(),
+            },
+        )
+
+    return report
 
 
 def _refusal(spec, result, checking_registered: bool) -> str | None:

@@ -15,6 +15,7 @@ from verify import limits
 from verify.cases import Case
 from verify.compare import CheckResult, check
 from verify.memory import ReturnedMemory
+from verify.watchdog import NO_LIMIT, CaseTimer
 
 
 @dataclass
@@ -51,15 +52,18 @@ def run(
     max_examples: int = 100,
     random_seed: int | None = None,
     progress: Callable[[str], None] | None = None,
+    timer: CaseTimer = NO_LIMIT,
 ) -> Outcome:
     """The named examples first, then ``max_examples`` Hypothesis cases under the active
-    profile; a failure is shrunk to its smallest repro before it is reported."""
+    profile; a failure is shrunk to its smallest repro before it is reported. ``timer`` bounds
+    each case's time (a hung implementation ends the run from there)."""
     outcome = Outcome(spec.name, True)
     device = backend.device()
     earlier = ReturnedMemory()  # this run's recent outputs: one returned again is a kept buffer
 
     def judge(case: Case) -> CheckResult:
-        result = check(spec, case, impl, impl_label, earlier)
+        with timer.running(case):
+            result = check(spec, case, impl, impl_label, earlier)
         if result.passed and (outcome.worst is None or _closeness(result) > _closeness(outcome.worst)):
             outcome.worst = result
         return result
@@ -103,5 +107,6 @@ def run(
     if outcome.failure is not None and not outcome.nondeterministic:
         # once more: a failure that Hypothesis's own replay happened to repeat may still not be the
         # case's (a kernel wrong on some calls only)
-        outcome.nondeterministic = check(spec, outcome.failure.case, impl, impl_label).passed
+        with timer.running(outcome.failure.case):
+            outcome.nondeterministic = check(spec, outcome.failure.case, impl, impl_label).passed
     return outcome
