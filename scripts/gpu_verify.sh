@@ -38,7 +38,8 @@ for stage in $stages; do
         # oracle in fp32, building the embedded checkpoint) add nothing on the GPU
         tests) run tests 330 python -m pytest -n 16 -q -p no:cacheprovider --durations=12 tests/test_ops.py tests/test_compare.py \
             tests/test_model.py tests/test_gemm.py tests/test_attention.py tests/test_fused_linear.py \
-            tests/test_rope_kv_store.py tests/test_strategy_reach.py tests/test_rounding.py tests/test_embedding.py ;;
+            tests/test_rope_kv_store.py tests/test_strategy_reach.py tests/test_rounding.py tests/test_embedding.py \
+            tests/test_gpu_faults.py ;;
         # and again over the article's whole 32768-row context (a server's cache): decode attention
         # then shares a short sequence out over many splits and combines only the busy ones
         e2e) run e2e 60 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json"

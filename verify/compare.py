@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ops import scratch
+from ops import backend, scratch
 from references.precision import computing_in, oracle, ulp
 from verify.cases import Case, dtype_of
 from verify.cli import counted
@@ -74,6 +74,7 @@ class CheckResult:
     repro: str = ""
     raised_by: str | None = None  # "implementation" or "reference" when one raised
     raised: BaseException | None = field(default=None, repr=False, compare=False)
+    device_lost: bool = False  # what it raised was a GPU fault, which leaves no usable device
 
     @property
     def max_abs(self) -> float:
@@ -93,6 +94,7 @@ class CheckResult:
             "outputs": [asdict(o) for o in self.outputs],
             "error": self.error,
             "repro": self.repro,
+            "device_lost": self.device_lost,
             "description": self.describe(),
         }
 
@@ -447,6 +449,26 @@ def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
     return cmd + (f" --impl {shlex.quote(impl_label)}" if impl_label else "")
 
 
+def _wait_for_device() -> None:
+    """On the GPU, wait for the implementation's launches, so that a fault they cause (an illegal
+    address) is raised inside its call, against this case, and not by whatever touches the GPU
+    next (the comparison, the next case's inputs)."""
+    if backend.name() == "cuda":
+        torch.cuda.synchronize()
+
+
+def _device_lost() -> bool:
+    """After the implementation raised: whether the GPU went with it. A CUDA fault is sticky: every
+    later call in the process fails, so the reference cannot run and no other case can."""
+    if backend.name() != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # torch.AcceleratorError (a RuntimeError) repeating the fault
+        return True
+    return False
+
+
 def _raised(result: CheckResult, who: str, exc: BaseException) -> CheckResult:
     result.passed, result.raised_by, result.raised = False, who, exc
     result.error = f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)
@@ -499,8 +521,12 @@ def check(
     try:
         with PoisonNewTensors():
             returned = impl(*args, **passed)
+        _wait_for_device()
         impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
+        if _device_lost():
+            result.device_lost = True
+            return _raised(result, "implementation", exc)
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)
             _run_reference(spec, case, "reference")
         except Exception as ref_exc:

@@ -18,6 +18,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+DEVICE_LOST = (
+    "the implementation faulted the GPU on this case, which leaves the device unusable for the\n"
+    "  rest of the process: the run stopped there (CUDA_LAUNCH_BLOCKING=1 on the repro names the launch)"
+)
 CASE_TIMEOUT_S = 300.0  # far past any case's time, JIT compiles and interpreter included
 
 
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         if refusal:
             print(f"verify.op: {source}: not a valid {spec.name} call: {refusal}", file=sys.stderr)
             return 2
+        if result.device_lost:
+            print(f"  {DEVICE_LOST}:")
         print(result.describe())
         cli.write_json(
             args.json,
@@ -190,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             if o.reason:
                 print(f"    {o.name}: {o.reason}")
     if outcome.failure is not None:
-        if outcome.nondeterministic:
+        if outcome.device_lost:
+            print(f"  {DEVICE_LOST}, not shrunk:")
+        elif outcome.nondeterministic:
             print(
                 "  the failure did not repeat when its case ran again: the implementation is not\n"
                 "  deterministic (a race, memory read before it is written, state kept between calls);\n"
@@ -214,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "worst": outcome.worst.as_json() if outcome.worst else None,  # the closest to failing
             "failure": outcome.failure.as_json() if outcome.failure else None,
             "nondeterministic": outcome.nondeterministic,
+            "device_lost": outcome.device_lost,
             "hung": False,
         },
     )

@@ -31,6 +31,16 @@ class Outcome:
     worst: CheckResult | None = None  # the passing case closest to its tolerance
     failure: CheckResult | None = None  # after shrinking: the smallest failing case
     nondeterministic: bool = False  # the failure did not repeat when its case ran again
+    device_lost: bool = False  # the failure faulted the GPU: the run stopped there, not shrunk
+
+
+class _DeviceLost(BaseException):
+    """Ends a run at the case that faulted the GPU. A BaseException, so it passes through
+    Hypothesis, which would otherwise shrink by rerunning cases, each failing on the dead device."""
+
+    def __init__(self, result: CheckResult) -> None:
+        super().__init__(result.describe())
+        self.result = result
 
 
 def _closeness(result: CheckResult) -> tuple[float, float]:
@@ -58,19 +68,43 @@ def run(
     profile; a failure is shrunk to its smallest repro before it is reported. ``timer`` bounds
     each case's time (a hung implementation ends the run from there)."""
     outcome = Outcome(spec.name, True)
-    device = backend.device()
     earlier = ReturnedMemory()  # this run's recent outputs: one returned again is a kept buffer
 
     def judge(case: Case) -> CheckResult:
         with timer.running(case):
             result = check(spec, case, impl, impl_label, earlier)
+        if result.device_lost:
+            raise _DeviceLost(result)
         if result.passed and (outcome.worst is None or _closeness(result) > _closeness(outcome.worst)):
             outcome.worst = result
         return result
 
+    try:
+        _search(spec, outcome, judge, max_examples, random_seed, progress)
+    except _DeviceLost as lost:
+        outcome.passed, outcome.failure, outcome.device_lost = False, lost.result, True
+        return outcome
+    if outcome.failure is not None and not outcome.nondeterministic:
+        # once more: a failure that Hypothesis's own replay happened to repeat may still not be the
+        # case's (a kernel wrong on some calls only)
+        with timer.running(outcome.failure.case):
+            outcome.nondeterministic = check(spec, outcome.failure.case, impl, impl_label).passed
+    return outcome
+
+
+def _search(
+    spec: registry.OpSpec,
+    outcome: Outcome,
+    judge: Callable[[Case], CheckResult],
+    max_examples: int,
+    random_seed: int | None,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """The named examples, then the drawn cases; the outcome records the search and its failure."""
+    device = backend.device()
     for example in runnable_examples(spec):
-        result = judge(spec.build(registry.example_params(example), device))
         outcome.examples += 1
+        result = judge(spec.build(registry.example_params(example), device))
         if progress:
             progress(f"example {example['name']}: {'ok' if result.passed else 'DIVERGES'}")
         if not result.passed and outcome.failure is None:
@@ -86,12 +120,13 @@ def run(
         case = spec.build(params, device)
         for label in case.labels:
             event(label)
-        result = judge(case)
-        if not failing_seen:  # count the search, not the shrinking that follows a failure
+        searching = not failing_seen  # count the search, not the shrinking that follows a failure
+        if searching:
             outcome.cases += 1
             outcome.coverage.update(case.labels)
-            if progress and outcome.cases % 10 == 0:
-                progress(f"{outcome.cases} cases")
+        result = judge(case)
+        if searching and progress and outcome.cases % 10 == 0:
+            progress(f"{outcome.cases} cases")
         if not result.passed:
             failing_seen = True
             outcome.failure = result
@@ -104,9 +139,3 @@ def run(
         outcome.passed, outcome.nondeterministic = False, True
     except AssertionError:
         outcome.passed = False
-    if outcome.failure is not None and not outcome.nondeterministic:
-        # once more: a failure that Hypothesis's own replay happened to repeat may still not be the
-        # case's (a kernel wrong on some calls only)
-        with timer.running(outcome.failure.case):
-            outcome.nondeterministic = check(spec, outcome.failure.case, impl, impl_label).passed
-    return outcome
