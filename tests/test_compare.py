@@ -506,7 +506,7 @@ def test_a_gpu_fault_ends_the_run_at_its_case(monkeypatch: pytest.MonkeyPatch) -
 
     run_reference = compare._run_reference
     monkeypatch.setattr(compare, "_run_reference", reference)
-    monkeypatch.setattr(compare, "_device_lost", lambda: len(calls) >= 3)
+    monkeypatch.setattr(compare, "device_lost", lambda: len(calls) >= 3)
     assert len(property.runnable_examples(spec)) == 2  # so the third call is the first drawn case
     outcome = property.run(spec, impl, max_examples=20)
     assert not outcome.passed and outcome.device_lost and len(calls) == 3

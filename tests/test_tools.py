@@ -390,6 +390,22 @@ def test_an_injected_implementation_that_raises_is_a_divergence(module: str, tmp
     assert "raised TypeError" in json.loads(report.read_text())["raised"]
 
 
+@pytest.mark.parametrize("module", ["verify.e2e", "verify.bisect"])
+def test_an_injected_implementation_that_hangs_is_a_divergence(module: str, tmp_path: Path) -> None:
+    """A kernel whose programs wait for a flag no program sets: the watchdog names the injection,
+    exits 1 and still writes the --json verdict, instead of leaving the run to hang."""
+    report = tmp_path / "report.json"
+    impl = "tests/buggy_kernels.py:rms_norm_waits_for_next_row"
+    inject = ("--inject", f"rms_norm={impl}@1", "--timeout", "5", "--json", str(report))
+    if module == "verify.bisect":
+        run = cli(module, *inject, "--prompt-len", "4", "--decode-steps", "0")
+    else:
+        run = cli(module, *inject, "--new-tokens", "1", "--against", "reference")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"DIVERGES: the injected rms_norm ({impl}) did not return within 5 s (--timeout)" in run.stdout
+    assert "did not return within 5 s" in json.loads(report.read_text())["raised"]
+
+
 def test_an_injected_implementation_that_raises_shows_the_failing_line(tmp_path: Path, capsys) -> None:
     from verify import e2e
 

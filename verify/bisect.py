@@ -406,6 +406,16 @@ def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: d
         ids = next_token[:, None]
 
 
+def _injected_failure(json_path: str | None, report: Report, message: str, where: str = "") -> int:
+    """An injected op raised or hung: the run stops there (exit 1), and ``--json`` says why."""
+    from verify import cli
+
+    print(f"\nDIVERGES: {message}\n{where}", end="", flush=True)
+    report.raised, report.verdict = message, "DIVERGES"
+    cli.write_json(json_path, asdict(report))
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from verify.cli import bad_environment
 
@@ -417,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     from verify import cli
     from verify import models as model_loading
     from verify.tolerances import setting
+    from verify.watchdog import Watchdog
 
     try:
         if args.decode_steps < 0:
@@ -437,9 +448,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
         max_seq = model_loading.cache_rows(args.cache_len, max_seq, what, config)
-        models = model_loading.load(directory, config, device, 1, max_seq, injections)
+        report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq)
+
+        def hung(inj: model_loading.Injection, seconds: float) -> None:  # on the watchdog's thread
+            _injected_failure(args.json, report, model_loading.hang_message(inj, seconds))
+
+        watchdog = Watchdog(args.timeout, hung)
+        models = model_loading.load(directory, config, device, 1, max_seq, injections, watchdog)
         free = triton_model.build(models.weights, 1, max_seq, models.triton.fused)
-        model_loading.apply_injections(free, injections)
+        model_loading.apply_injections(free, injections, watchdog)
     except model_loading.UsageError as exc:
         print(f"verify.bisect: {exc}", file=sys.stderr)
         return 2
@@ -451,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
         for n in (inj.layers if inj.layers is not None else range(models.config.num_layers))
     }
     save_dir = Path(args.repro_dir) if args.repro_dir else Path(tempfile.mkdtemp(prefix="bisect-"))
-    report = Report(str(models.directory), backend.name(), [i.as_json() for i in injections], max_seq)
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
         f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {args.prompt_len} tokens "
@@ -465,10 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             _walk(args, models, free, lowp, factor, save_dir, impl_specs, report, device)
     except model_loading.InjectedOpError as exc:
-        print(f"\nDIVERGES: {exc}\n{exc.where}", end="")
-        report.raised, report.verdict = str(exc), "DIVERGES"
-        cli.write_json(args.json, asdict(report))
-        return 1
+        return _injected_failure(args.json, report, str(exc), exc.where)
     except reference.NonFiniteReference as exc:
         print(f"verify.bisect: {exc}", file=sys.stderr)
         return 2

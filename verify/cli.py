@@ -75,6 +75,20 @@ def seconds_or_none(text: str) -> float | None:
     return value or None
 
 
+def add_timeout_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--timeout``: ``what`` (a case, a call of an injected op) running longer is a hang, which
+    the run reports (exit 1) instead of hanging with it (``verify.watchdog``)."""
+    from verify.watchdog import DEFAULT_S
+
+    parser.add_argument(
+        "--timeout",
+        type=seconds_or_none,
+        default=DEFAULT_S,
+        metavar="SECONDS",
+        help=f"{what} taking longer is a hang: report it, exit 1 (default {DEFAULT_S:g}; 0: no limit)",
+    )
+
+
 def check_output_file(option: str, path: str | None) -> None:
     """``path`` (if given) can be written: its directory exists, it is not a directory itself, and
     opening it for writing works (tried in append mode; a file made by the try is removed)."""

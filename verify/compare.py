@@ -21,13 +21,14 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ops import backend, scratch
+from ops import scratch
 from references.precision import computing_in, oracle, ulp
 from verify.cases import Case, dtype_of
 from verify.cli import counted
 from verify.impl_loader import failure_site
 from verify.memory import ReturnedMemory, not_new
 from verify.tolerances import Tolerance, dtype_key, lookup
+from verify.watchdog import device_lost, wait_for_device
 
 RATIO_CAP = 1 / 32  # max_error_ratio's bound is at most this fraction of max|oracle| (plus 1 ulp)
 POISON_BYTE = 0xFF  # 0xFFFF.. is NaN in bf16, fp16 and fp32, and -1 as an integer
@@ -449,26 +450,6 @@ def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
     return cmd + (f" --impl {shlex.quote(impl_label)}" if impl_label else "")
 
 
-def _wait_for_device() -> None:
-    """On the GPU, wait for the implementation's launches, so that a fault they cause (an illegal
-    address) is raised inside its call, against this case, and not by whatever touches the GPU
-    next (the comparison, the next case's inputs)."""
-    if backend.name() == "cuda":
-        torch.cuda.synchronize()
-
-
-def _device_lost() -> bool:
-    """After the implementation raised: whether the GPU went with it. A CUDA fault is sticky: every
-    later call in the process fails, so the reference cannot run and no other case can."""
-    if backend.name() != "cuda":
-        return False
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # torch.AcceleratorError (a RuntimeError) repeating the fault
-        return True
-    return False
-
-
 def _raised(result: CheckResult, who: str, exc: BaseException) -> CheckResult:
     result.passed, result.raised_by, result.raised = False, who, exc
     result.error = f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)
@@ -521,10 +502,10 @@ def check(
     try:
         with PoisonNewTensors():
             returned = impl(*args, **passed)
-        _wait_for_device()
+        wait_for_device()  # a fault its launches cause is raised here, against this case
         impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
-        if _device_lost():
+        if device_lost():  # the reference cannot run, and no other case can
             result.device_lost = True
             return _raised(result, "implementation", exc)
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)

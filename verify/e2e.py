@@ -335,6 +335,15 @@ def _verdict(name: str, steps: list[Step], drift_tolerance: float | None) -> str
     return "near-ties" if ties else "parity"
 
 
+def _injected_failure(json_path: str | None, run_json: dict, message: str, where: str = "") -> int:
+    """An injected op raised or hung: the Triton model diverges (exit 1), and ``--json`` says why."""
+    from verify import cli
+
+    print(f"triton: DIVERGES: {message}\n{where}", end="", flush=True)
+    cli.write_json(json_path, {**run_json, "verdicts": {"triton": "DIVERGES"}, "raised": message})
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from verify.cli import bad_environment
 
@@ -346,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     from verify import cli
     from verify import models as model_loading
     from verify.tolerances import setting
+    from verify.watchdog import Watchdog
 
     against = [a.strip() for a in args.against.split(",") if a.strip()]
     unknown = sorted(set(against) - {"reference", "hf"})
@@ -361,7 +371,19 @@ def main(argv: list[str] | None = None) -> int:
         needed = prompt.shape[1] + args.new_tokens
         what = f"the prompt's {prompt.shape[1]} tokens + {args.new_tokens} new tokens"
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)
-        models = model_loading.load(directory, config, device, 1, max_seq, injections)
+        run_json = {
+            "model": str(directory),
+            "backend": backend.name(),
+            "prompt": prompt[0].tolist(),
+            "cache_len": max_seq,
+            "injected": [i.as_json() for i in injections],
+        }
+
+        def hung(inj: model_loading.Injection, seconds: float) -> None:  # on the watchdog's thread
+            _injected_failure(args.json, run_json, model_loading.hang_message(inj, seconds))
+
+        watchdog = Watchdog(args.timeout, hung)
+        models = model_loading.load(directory, config, device, 1, max_seq, injections, watchdog)
     except UsageError as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2
@@ -375,13 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     for inj in injections:
         print(f"  injected: {inj.op} = {inj.impl_spec} in layers {inj.layer_spec}")
     print(_header(names))
-    run_json = {
-        "model": str(models.directory),
-        "backend": backend.name(),
-        "prompt": prompt[0].tolist(),
-        "cache_len": max_seq,
-        "injected": [i.as_json() for i in injections],
-    }
     started = time.monotonic()
     try:
         with torch.no_grad():
@@ -395,9 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress=lambda s: print(_row(s, names), flush=True),
             )
     except model_loading.InjectedOpError as exc:
-        print(f"triton: DIVERGES: {exc}\n{exc.where}", end="")
-        cli.write_json(args.json, {**run_json, "verdicts": {"triton": "DIVERGES"}, "raised": str(exc)})
-        return 1
+        return _injected_failure(args.json, run_json, str(exc), exc.where)
     except (NonFiniteReference, HFLoadError) as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,8 @@ from model import reference, triton_model
 from model import weights as model_weights
 from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
-from verify.cli import UsageError
+from verify.cli import UsageError, add_timeout_argument
+from verify.watchdog import NO_LIMIT, Watchdog, wait_for_device
 
 # ops the decoder calls only outside its layers (embedding, the RoPE table, the greedy pick):
 # --inject swaps ops in layers, so these cannot be injected
@@ -66,6 +67,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="swap one op's implementation in layers of the Triton model (repeatable): OP is a registered "
         "op, IMPL is MODULE:FN or FILE.py:FN, LAYERS a layer number, a comma list (0,3) or 'all'",
     )
+    add_timeout_argument(parser, "a call of an injected op")
 
 
 def add_cache_argument(parser: argparse.ArgumentParser) -> None:
@@ -116,9 +118,10 @@ def parse_injection(text: str) -> Injection:
     return Injection(op, impl, numbers)
 
 
-def apply_injections(model: Decoder, injections: list[Injection]) -> None:
+def apply_injections(model: Decoder, injections: list[Injection], watchdog: Watchdog = NO_LIMIT) -> None:
     """``@all`` means every layer. One op of one layer takes one injection: a second would win
-    silently while the report names both."""
+    silently while the report names both. ``watchdog`` watches each call of an injected op (its
+    subject: the :class:`Injection`), so one that hangs ends the run with a report."""
     taken: dict[tuple[str, int], str] = {}
     for inj in injections:
         layers = list(range(model.config.num_layers)) if inj.layers is None else list(inj.layers)
@@ -141,25 +144,37 @@ def apply_injections(model: Decoder, injections: list[Injection]) -> None:
         except impl_loader.ImplError as exc:
             raise UsageError(str(exc)) from None
         try:
-            model.inject(inj.op, _guarded(fn, inj), layers)
+            model.inject(inj.op, _guarded(fn, inj, watchdog), layers)
         except ValueError as exc:
             raise UsageError(f"--inject {inj.op}: {exc}") from None
 
 
-def _guarded(fn: Callable, inj: Injection) -> Callable:
-    """``fn``, its exceptions turned into :class:`InjectedOpError` naming the injection (the
+def _guarded(fn: Callable, inj: Injection, watchdog: Watchdog) -> Callable:
+    """``fn``, its exceptions turned into :class:`InjectedOpError` naming the injection, a GPU
+    fault of its launches included (it waits for them), each call under ``watchdog`` (the
     signature stays visible through ``functools.wraps``: the decoder asks whether it takes ``out``)."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with watchdog.watching(inj):
+                result = fn(*args, **kwargs)
+                wait_for_device()
+            return result
         except (Exception, SystemExit) as exc:  # sys.exit(0) inside it is no verdict
             raise InjectedOpError(
                 f"the injected {inj.op} ({inj.impl_spec}) raised {type(exc).__name__}: {exc}", exc
             ) from exc
 
     return call
+
+
+def hang_message(inj: Injection, seconds: float) -> str:
+    """What the CLIs report when a call of an injected op runs past ``--timeout``."""
+    return (
+        f"the injected {inj.op} ({inj.impl_spec}) did not return within {seconds:g} s (--timeout): "
+        "it hangs (a program waiting for something that never comes, a loop that never ends) or is that slow"
+    )
 
 
 def resolve_checkpoint(model: str | None) -> Path:
@@ -226,9 +241,11 @@ def load(
     max_batch: int,
     max_seq: int,
     injections: Sequence[Injection] = (),
+    watchdog: Watchdog = NO_LIMIT,
 ) -> Models:
     """The reference and Triton decoders over one copy of the weights of the checkpoint that
-    :func:`checkpoint_config` resolved, with the injections applied to the Triton one."""
+    :func:`checkpoint_config` resolved, with the injections applied to the Triton one (each
+    call of one under ``watchdog``)."""
     try:
         weights = model_weights.load(directory, cfg, device)
     except model_weights.WeightsError as exc:
@@ -236,7 +253,7 @@ def load(
     fused = decoder_fused(injections)
     ref = reference.build(weights, max_batch, max_seq, fused)
     tri = triton_model.build(weights, max_batch, max_seq, fused)
-    apply_injections(tri, list(injections))
+    apply_injections(tri, list(injections), watchdog)
     return Models(directory, cfg, weights, ref, tri)
 
 

@@ -22,11 +22,10 @@ DEVICE_LOST = (
     "the implementation faulted the GPU on this case, which leaves the device unusable for the\n"
     "  rest of the process: the run stopped there (CUDA_LAUNCH_BLOCKING=1 on the repro names the launch)"
 )
-CASE_TIMEOUT_S = 300.0  # far past any case's time, JIT compiles and interpreter included
 
 
 def _parser() -> argparse.ArgumentParser:
-    from verify.cli import EPILOG, positive_int, seconds_or_none
+    from verify.cli import EPILOG, add_timeout_argument, positive_int
     from verify.profiles import NAMES
 
     profiles = (
@@ -46,13 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     one = p.add_mutually_exclusive_group()
     one.add_argument("--case", help="run exactly this case (the JSON a repro command carries)")
     one.add_argument("--inputs", metavar="FILE.pt", help="run on recorded inputs (written by verify.bisect)")
-    p.add_argument(
-        "--timeout",
-        type=seconds_or_none,
-        default=CASE_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"a case taking longer is a hang: report it, exit 1 (default {CASE_TIMEOUT_S:g}; 0: no limit)",
-    )
+    add_timeout_argument(p, "a case")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--list", action="store_true", help="list the registered ops and exit")
     return p
@@ -102,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from ops import backend
     from verify import cli, impl_loader, profiles, property
     from verify.compare import check
-    from verify.watchdog import CaseTimer
+    from verify.watchdog import Watchdog
 
     try:
         profile = profiles.load(backend.name())
@@ -150,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     label = args.impl or f"registered {spec.name} kernel"
     print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
-    timer = CaseTimer(args.timeout, _hang_report(spec, label, args.impl, args.json))
+    timer = Watchdog(args.timeout, _hang_report(spec, label, args.impl, args.json))
 
     if case is not None:
-        with timer.running(case):
+        with timer.watching(case):
             result = check(spec, case, impl, args.impl)
         refusal = _refusal(spec, result, checking_registered=impl is None)
         if refusal:

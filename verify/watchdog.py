@@ -1,9 +1,10 @@
-"""A time limit on each case, for an implementation that never returns.
+"""Calls of an implementation under test that never return, or fault the GPU.
 
 A kernel that spins forever (a program waiting on a flag no program sets, a loop whose bound
 never comes) holds the main thread inside a CUDA synchronization or the interpreter's loop, where
-no exception can reach it and Ctrl-C may not either. So a timer thread says which case hung and
-ends the process itself.
+no exception can reach it and Ctrl-C may not either: a timer thread says what hung and ends the
+process itself. A kernel that faults (an illegal address) is reported by whatever next touches
+the GPU, so the call is followed by a wait for its launches, which charges the fault to it.
 """
 
 from __future__ import annotations
@@ -13,26 +14,29 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from verify.cases import Case
+import torch
+
+from ops import backend
 
 
-class CaseTimer:
-    """``with timer.running(case):`` around one case's work. Past ``seconds`` (None: no limit)
-    ``report(case, seconds)`` is called from the timer thread, then the process exits with
-    ``status``: the main thread, stuck in the hung call, never resumes."""
+class Watchdog:
+    """``with watchdog.watching(subject):`` around one call. Past ``seconds`` (None: no limit)
+    ``report(subject, seconds)`` runs on the timer thread, then the process exits with ``status``:
+    the main thread, stuck in the hung call, never resumes."""
 
-    def __init__(self, seconds: float | None, report: Callable[[Case, float], None], status: int = 1) -> None:
+    def __init__(self, seconds: float | None, report: Callable[[Any, float], None], status: int = 1) -> None:
         self.seconds = seconds
         self.report = report
         self.status = status
 
     @contextmanager
-    def running(self, case: Case) -> Iterator[None]:
+    def watching(self, subject: Any) -> Iterator[None]:
         if not self.seconds:
             yield
             return
-        timer = threading.Timer(self.seconds, self._expire, args=(case,))
+        timer = threading.Timer(self.seconds, self._expire, args=(subject,))
         timer.daemon = True
         timer.start()
         try:
@@ -40,13 +44,33 @@ class CaseTimer:
         finally:
             timer.cancel()
 
-    def _expire(self, case: Case) -> None:
+    def _expire(self, subject: Any) -> None:
         try:
-            self.report(case, self.seconds)
+            self.report(subject, self.seconds)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(self.status)
 
 
-NO_LIMIT = CaseTimer(None, lambda case, seconds: None)
+NO_LIMIT = Watchdog(None, lambda subject, seconds: None)
+DEFAULT_S = 300.0  # far past any one call's time, JIT compiles and the interpreter included
+
+
+def wait_for_device() -> None:
+    """On the GPU, wait for the launches made so far, so that a fault they cause is raised here
+    (not while a graph is being captured, where waiting is not allowed)."""
+    if backend.name() == "cuda" and not torch.cuda.is_current_stream_capturing():
+        torch.cuda.synchronize()
+
+
+def device_lost() -> bool:
+    """After a call raised: whether the GPU went with it. A CUDA fault is sticky (every later call
+    in the process fails), so nothing else can run on the device."""
+    if backend.name() != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # torch.AcceleratorError (a RuntimeError) repeating the fault
+        return True
+    return False
