@@ -45,7 +45,7 @@ def test_an_illegal_address_is_reported_against_its_case(tmp_path: Path) -> None
     assert in_table.returncode == 0, in_table.stdout + in_table.stderr  # right wherever ids are in the table
 
 
-def test_a_kernel_that_never_returns_is_stopped_by_the_case_timer() -> None:
+def test_a_kernel_that_never_returns_is_stopped_by_the_watchdog() -> None:
     """Programs spinning on a flag no program sets: the timer thread reports the case while the
     main thread waits on the GPU, then ends the process."""
     impl = "tests/buggy_kernels.py:rms_norm_waits_for_next_row"

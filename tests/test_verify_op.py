@@ -105,7 +105,7 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro(tmp_path: Path) -
 
 
 def test_a_case_that_hangs_ends_the_run_with_its_repro(tmp_path: Path) -> None:
-    """A kernel whose programs wait for a flag no program sets never returns; the case timer names
+    """A kernel whose programs wait for a flag no program sets never returns; the watchdog names
     the case and exits 1, rather than leaving the run to hang, and its repro hangs up the same way."""
     report = tmp_path / "out.json"
     impl = "tests/buggy_kernels.py:rms_norm_waits_for_next_row"

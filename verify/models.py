@@ -18,7 +18,7 @@ from model import weights as model_weights
 from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
 from verify.cli import UsageError, add_timeout_argument
-from verify.watchdog import NO_LIMIT, Watchdog, wait_for_device
+from verify.watchdog import HANG, NO_LIMIT, Watchdog, wait_for_device
 
 # ops the decoder calls only outside its layers (embedding, the RoPE table, the greedy pick):
 # --inject swaps ops in layers, so these cannot be injected
@@ -171,10 +171,7 @@ def _guarded(fn: Callable, inj: Injection, watchdog: Watchdog) -> Callable:
 
 def hang_message(inj: Injection, seconds: float) -> str:
     """What the CLIs report when a call of an injected op runs past ``--timeout``."""
-    return (
-        f"the injected {inj.op} ({inj.impl_spec}) did not return within {seconds:g} s (--timeout): "
-        "it hangs (a program waiting for something that never comes, a loop that never ends) or is that slow"
-    )
+    return f"the injected {inj.op} ({inj.impl_spec}) did not return within {seconds:g} s (--timeout): {HANG}"
 
 
 def resolve_checkpoint(model: str | None) -> Path:

@@ -143,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     label = args.impl or f"registered {spec.name} kernel"
     print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
-    timer = Watchdog(args.timeout, _hang_report(spec, label, args.impl, args.json))
+    watchdog = Watchdog(args.timeout, _hang_report(spec, label, args.impl, args.json))
 
     if case is not None:
-        with timer.watching(case):
+        with watchdog.watching(case):
             result = check(spec, case, impl, args.impl)
         refusal = _refusal(spec, result, checking_registered=impl is None)
         if refusal:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         examples,
         args.seed,
         progress=lambda msg: print(f"  ... {msg}", file=sys.stderr, flush=True),
-        timer=timer,
+        watchdog=watchdog,
     )
     elapsed = time.monotonic() - started
     verdict = "VERIFIED" if outcome.passed else "DIVERGES"
@@ -223,11 +223,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _hang_report(spec, label: str, impl_label: str | None, json_path: str | None):
-    """What the case timer prints (and writes to ``--json``) when a case runs past its limit: the
+    """What the watchdog prints (and writes to ``--json``) when a case runs past its limit: the
     case as a failure with its repro; no shrinking, since a smaller case could hang as long."""
     from ops import backend
     from verify import cli
     from verify.compare import CheckResult, repro_command
+    from verify.watchdog import HANG
 
     def report(case, seconds: float) -> None:
         limit = f"{seconds:g} s"
@@ -235,8 +236,7 @@ def _hang_report(spec, label: str, impl_label: str | None, json_path: str | None
             spec.name,
             case,
             False,
-            error=f"did not finish within {limit} (--timeout): the implementation hangs (a program "
-            "waiting for something that never comes, a loop that never ends) or is that slow",
+            error=f"did not finish within {limit} (--timeout): {HANG}",
             repro=f"{repro_command(spec.name, case, impl_label)} --timeout {seconds:g}",
         )
         print(f"DIVERGES: a case ran past the {limit} limit; the run stops there")

@@ -62,16 +62,16 @@ def run(
     max_examples: int = 100,
     random_seed: int | None = None,
     progress: Callable[[str], None] | None = None,
-    timer: Watchdog = NO_LIMIT,
+    watchdog: Watchdog = NO_LIMIT,
 ) -> Outcome:
     """The named examples first, then ``max_examples`` Hypothesis cases under the active
-    profile; a failure is shrunk to its smallest repro before it is reported. ``timer`` bounds
+    profile; a failure is shrunk to its smallest repro before it is reported. ``watchdog`` bounds
     each case's time (a hung implementation ends the run from there)."""
     outcome = Outcome(spec.name, True)
     earlier = ReturnedMemory()  # this run's recent outputs: one returned again is a kept buffer
 
     def judge(case: Case) -> CheckResult:
-        with timer.watching(case):
+        with watchdog.watching(case):
             result = check(spec, case, impl, impl_label, earlier)
         if result.device_lost:
             raise _DeviceLost(result)
@@ -87,7 +87,7 @@ def run(
     if outcome.failure is not None and not outcome.nondeterministic:
         # once more: a failure that Hypothesis's own replay happened to repeat may still not be the
         # case's (a kernel wrong on some calls only)
-        with timer.watching(outcome.failure.case):
+        with watchdog.watching(outcome.failure.case):
             outcome.nondeterministic = check(spec, outcome.failure.case, impl, impl_label).passed
     return outcome
 
