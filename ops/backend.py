@@ -54,10 +54,11 @@ def configure() -> str:
         if selected == "interpreter":
             os.environ["TRITON_INTERPRET"] = "1"
             _check_language_interpreted()
-            from ops import interpreter_calls, interpreter_compat
+            from ops import interpreter_calls, interpreter_compat, interpreter_memcheck
 
-            interpreter_compat.install()  # checks the Triton release both patch
+            interpreter_compat.install()  # checks the Triton release the patches wrap
             interpreter_calls.install()
+            interpreter_memcheck.install()
         elif os.environ.get("TRITON_INTERPRET") == "1":
             raise RuntimeError("TRITON_INTERPRET=1 is set but the cuda backend was selected")
         _selected = selected

@@ -29,8 +29,12 @@ def _rms_norm_kernel(
         mask = cols < N - 1
     else:
         mask = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if BUG == "tail_loaded_unmasked":  # the block read whole, the lanes past N zeroed after the load
+        x = tl.where(mask, tl.load(x_ptr + row * stride_x + cols), 0.0).to(tl.float32)
+        w = tl.where(mask, tl.load(w_ptr + cols), 0.0).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if BUG == "wrong_eps":  # eps added outside the square root
         inv_rms = 1.0 / (tl.sqrt(tl.sum(x * x, axis=0) / N) + eps)
     else:
@@ -60,6 +64,12 @@ def rms_norm_off_by_one(x: torch.Tensor, weight: torch.Tensor, eps: float) -> to
 
 def rms_norm_wrong_eps(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms_norm(x, weight, eps, "wrong_eps")
+
+
+def rms_norm_tail_loaded_unmasked(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Right values, wrong reads: each row's block is loaded whole, past N, and the extra lanes are
+    zeroed after the load; the GPU reads past the end of x and the weight (and faults at a page's end)."""
+    return _rms_norm(x, weight, eps, "tail_loaded_unmasked")
 
 
 def rms_norm_waits_for_next_row(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

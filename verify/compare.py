@@ -452,7 +452,7 @@ def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
 
 def _raised(result: CheckResult, who: str, exc: BaseException) -> CheckResult:
     result.passed, result.raised_by, result.raised = False, who, exc
-    result.error = f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)
+    result.error = (f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)).rstrip()
     return result
 
 

@@ -72,17 +72,22 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
             )
 
 
-# frames of Python's libraries and of this tool itself: not where an implementation went wrong
+# frames of Python's libraries and of this tool itself (its checks, its interpreter layers): not
+# where an implementation went wrong
 _NOT_USER_CODE = (
     *{sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")},
     str(Path(__file__).parent),
+    str(Path(__file__).parent.parent / "ops" / "interpreter_"),
 )
 
 
 def failure_site(exc: BaseException) -> str:
     """Where an implementation failed, as traceback lines: its own deepest frame (outside Python's
     libraries and this tool, so its line shows however deep the libraries it called went), the
-    frame that raised, and the exception."""
+    frame that raised, and the exception. A kernel that raised under the Triton interpreter (an
+    ``InterpreterError`` wrapping it) is shown by the exception it raised, from inside the kernel."""
+    if type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None:
+        exc = exc.__cause__
     frames = traceback.extract_tb(exc.__traceback__)
     mode = next((i for i, f in enumerate(frames) if f.name == "__torch_dispatch__"), None)
     if mode is not None:  # a torch op raised inside the check's poisoning mode: the site is its caller

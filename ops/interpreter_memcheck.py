@@ -1,0 +1,166 @@
+"""Bounds checks for kernels run by the Triton interpreter: a memcheck on the CPU.
+
+On the GPU a load or store outside the tensors a kernel was handed faults (an illegal address),
+or, a few elements past an end, quietly reads or overwrites a neighbour's bytes. The interpreter
+dereferences the same addresses inside the Python process: a few elements off, it reads junk or
+corrupts the heap without a word; far off, the process dies of a segmentation fault. Either way a
+verification run on CPU could pass a kernel that is wrong on the GPU, or die without naming it.
+
+:func:`install` makes each interpreted launch record the byte range of every tensor it is passed
+(its whole storage, as a memory checker on the GPU sees the allocation), and each load, store and
+atomic check every address its mask enables against those ranges before it touches memory. An
+address outside them raises :class:`OutOfBounds`, naming the kernel, the program and where the
+access fell. Compiled GPU kernels are unaffected.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from triton.runtime import interpreter
+from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+__all__ = ["OutOfBounds", "install"]
+
+_MARKER = "_memcheck_installed"  # set on InterpreterBuilder, so a reloaded module sees it too
+
+
+class OutOfBounds(Exception):
+    """A kernel under the interpreter accessed memory outside every tensor it was passed."""
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """The running launch: its kernel's name and its tensors' byte ranges, sorted by start."""
+
+    kernel: str
+    names: tuple[str, ...]
+    starts: np.ndarray  # uint64
+    ends: np.ndarray  # uint64, exclusive
+
+
+_current: list[_Launch] = []  # the launch being run (a stack: a launch cannot nest, but stay safe)
+
+
+def _tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors an argument carries: itself, a tuple's items, a tensor descriptor's base."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, tuple):
+        for i, item in enumerate(value):
+            yield from _tensors(f"{name}[{i}]", item)
+    elif hasattr(value, "base") and isinstance(value.base, torch.Tensor):
+        yield name, value.base
+
+
+def _launch(kernel: str, named: dict[str, Any]) -> _Launch:
+    ranges = sorted(
+        (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), name)
+        for arg, value in named.items()
+        for name, t in _tensors(arg, value)
+    )
+    starts = np.array([r[0] for r in ranges], dtype=np.uint64)
+    ends = np.array([r[0] + r[1] for r in ranges], dtype=np.uint64)
+    return _Launch(kernel, tuple(r[2] for r in ranges), starts, ends)
+
+
+def _where(launch: _Launch, address: int) -> str:
+    """Where an address fell, as a person reads it: past the end of, or before, the nearest tensor."""
+    nearest = []
+    for start, end, name in zip(launch.starts.tolist(), launch.ends.tolist(), launch.names, strict=True):
+        if address >= end:
+            past = "just past" if address == end else f"{address - end} bytes past"
+            nearest.append((address - end, f"{past} the end of {name}"))
+        else:
+            nearest.append((start - address, f"{start - address} bytes before {name}"))
+    return min(nearest)[1] if nearest else "the kernel was passed no tensor"
+
+
+def _check(ptrs: TensorHandle, mask: np.ndarray | None, what: str) -> None:
+    if not _current:
+        return
+    launch = _current[-1]
+    addresses = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask, ptrs.data.shape).astype(bool)]
+    addresses = np.asarray(addresses, dtype=np.uint64).ravel()
+    if not addresses.size:
+        return
+    size = np.uint64(max(1, ptrs.get_element_ty().primitive_bitwidth // 8))
+    slot = np.searchsorted(launch.starts, addresses, side="right").astype(np.int64) - 1
+    inside = (slot >= 0) & (addresses + size <= launch.ends[np.maximum(slot, 0)])
+    if inside.all():
+        return
+    bad = addresses[~inside]
+    program = tuple(int(i) for i in interpreter.interpreter_builder.grid_idx)
+    raise OutOfBounds(
+        f"{launch.kernel}, program {program}: {what} of {bad.size} of {addresses.size} addresses "
+        f"outside every tensor it was passed; the first {_where(launch, int(bad[0]))}"
+    )
+
+
+def _checked_load(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def create_masked_load(self, ptrs, mask, other, *args: Any) -> TensorHandle:
+        _check(ptrs, None if mask is None else mask.data, "a load")
+        return method(self, ptrs, mask, other, *args)
+
+    return create_masked_load
+
+
+def _checked_store(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def create_masked_store(self, ptrs, value, mask, *args: Any) -> Any:
+        _check(ptrs, None if mask is None else mask.data, "a store")
+        return method(self, ptrs, value, mask, *args)
+
+    return create_masked_store
+
+
+def _checked_atomic_rmw(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def create_atomic_rmw(self, op, ptr, val, mask, *args: Any) -> TensorHandle:
+        _check(ptr, None if mask is None else mask.data, "an atomic")
+        return method(self, op, ptr, val, mask, *args)
+
+    return create_atomic_rmw
+
+
+def _checked_atomic_cas(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def create_atomic_cas(self, ptr, *args: Any) -> TensorHandle:
+        _check(ptr, None, "an atomic")
+        return method(self, ptr, *args)
+
+    return create_atomic_cas
+
+
+def _recording(call: Callable[..., None]) -> Callable[..., None]:
+    """GridExecutor.__call__, with the launch's tensor ranges current while its programs run."""
+
+    @functools.wraps(call)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        named = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}  # defaults unnamed
+        _current.append(_launch(getattr(self.fn, "__name__", "kernel"), named))
+        try:
+            call(self, *args, **kwargs)
+        finally:
+            _current.pop()
+
+    return wrapper
+
+
+def install() -> None:
+    """Wrap the interpreter's launches and memory accesses. Idempotent."""
+    if getattr(InterpreterBuilder, _MARKER, False):
+        return
+    builder = InterpreterBuilder
+    builder.create_masked_load = _checked_load(builder.create_masked_load)
+    builder.create_masked_store = _checked_store(builder.create_masked_store)
+    builder.create_atomic_rmw = _checked_atomic_rmw(builder.create_atomic_rmw)
+    builder.create_atomic_cas = _checked_atomic_cas(builder.create_atomic_cas)
+    interpreter.GridExecutor.__call__ = _recording(interpreter.GridExecutor.__call__)
+    setattr(builder, _MARKER, True)

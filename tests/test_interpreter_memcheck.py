@@ -1,0 +1,105 @@
+"""``ops.interpreter_memcheck``: under the interpreter, an access outside a kernel's tensors raises.
+
+Without it the interpreter reads or writes the process's own memory at such an address: a few
+elements off it reads junk (which a kernel may even discard, and pass), far off it crashes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ops import backend
+
+if not backend.is_interpreter():
+    pytest.skip("ops.interpreter_memcheck checks the Triton interpreter only", allow_module_level=True)
+
+import triton
+import triton.language as tl
+
+import registry
+from ops import interpreter_memcheck
+from ops.interpreter_memcheck import OutOfBounds
+from tests import buggy_kernels
+from verify.compare import check
+
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, OFFSET: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    if MASKED:
+        x = tl.load(x_ptr + cols + OFFSET, mask=cols < n, other=0.0)
+    else:
+        x = tl.load(x_ptr + cols + OFFSET)
+    tl.store(y_ptr + cols, x, mask=cols < n)
+
+
+@triton.jit
+def _store_kernel(y_ptr, OFFSET: tl.constexpr, BLOCK: tl.constexpr):
+    tl.store(y_ptr + tl.arange(0, BLOCK) + OFFSET, tl.full((BLOCK,), 7.0, tl.float32))
+
+
+@triton.jit
+def _atomic_kernel(y_ptr, OFFSET: tl.constexpr):
+    tl.atomic_add(y_ptr + OFFSET, 1.0)
+
+
+def _copy(offset: int, masked: bool, n: int = 12, block: int = 16) -> torch.Tensor:
+    x, y = torch.arange(32, dtype=torch.float32)[:n].clone(), torch.zeros(n)
+    _copy_kernel[(1,)](x, y, n, OFFSET=offset, MASKED=masked, BLOCK=block)
+    return y
+
+
+def test_accesses_inside_the_tensors_or_masked_off_pass() -> None:
+    assert torch.equal(_copy(0, masked=True), torch.arange(12.0))  # lanes 12-15 lie past x, masked off
+    assert torch.equal(_copy(0, masked=False, n=16), torch.arange(16.0))
+
+
+OUTSIDE = "a load of {} of 16 addresses outside every tensor it was passed"
+
+
+@pytest.mark.parametrize(
+    ("offset", "where"),
+    [
+        (0, OUTSIDE.format(4) + "; the first just past the end of x_ptr"),
+        (-3, OUTSIDE.format(4) + "; the first 12 bytes before x_ptr"),
+        (1 << 40, OUTSIDE.format(16)),  # unchecked, the interpreter's load would crash the process
+    ],
+)
+def test_an_unmasked_load_outside_the_tensors_raises_naming_the_kernel(offset: int, where: str) -> None:
+    with pytest.raises(triton.runtime.errors.InterpreterError) as raised:
+        _copy(offset, masked=False)
+    cause = raised.value.__cause__
+    assert isinstance(cause, OutOfBounds)
+    assert str(cause).startswith(f"_copy_kernel, program (0, 0, 0): {where}")
+
+
+def test_a_store_outside_raises_before_writing() -> None:
+    buffer = torch.zeros(24)
+    y = buffer[:8]  # a view: its storage is all 24 floats, as the GPU sees the allocation
+    _store_kernel[(1,)](y, OFFSET=8, BLOCK=16)  # inside the storage, past the view
+    assert torch.equal(buffer[8:], torch.full((16,), 7.0))
+    buffer.zero_()
+    with pytest.raises(triton.runtime.errors.InterpreterError, match="a store of 4 of 16 addresses"):
+        _store_kernel[(1,)](y, OFFSET=12, BLOCK=16)
+    assert not buffer.any()  # nothing was written: the check runs before the access
+
+
+def test_an_atomic_outside_raises() -> None:
+    y = torch.zeros(4)
+    _atomic_kernel[(1,)](y, OFFSET=3)
+    with pytest.raises(triton.runtime.errors.InterpreterError, match="an atomic of 1 of 1 addresses"):
+        _atomic_kernel[(1,)](y, OFFSET=4)
+
+
+def test_a_kernel_reading_its_tail_unmasked_fails_only_through_the_memcheck(monkeypatch) -> None:
+    """The planted kernel discards what it read past the row, so its values are right: without the
+    memcheck the case passes on CPU, while on the GPU the same reads can fault."""
+    spec = registry.get("rms_norm")
+    case = spec.build({**spec.typical, "n": 3, "lead": [1], "pad": 0}, backend.device())
+    result = check(spec, case, buggy_kernels.rms_norm_tail_loaded_unmasked)
+    assert not result.passed and "OutOfBounds" in result.error
+    assert "just past the end of x_ptr" in result.error
+    assert "in _rms_norm_kernel" in result.error  # the report shows the kernel's line, not the interpreter's
+    monkeypatch.setattr(interpreter_memcheck, "_check", lambda *args: None)
+    assert check(spec, case, buggy_kernels.rms_norm_tail_loaded_unmasked).passed
