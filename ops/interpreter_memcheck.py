@@ -44,7 +44,7 @@ class _Launch:
     ends: np.ndarray  # uint64, exclusive
 
 
-_current: list[_Launch] = []  # the launch being run (a stack: a launch cannot nest, but stay safe)
+_current: list[_Launch] = []  # the running launch, if any
 
 
 def _tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
