@@ -487,31 +487,31 @@ def test_a_failure_that_does_not_repeat_is_reported_as_nondeterministic() -> Non
 def test_a_gpu_fault_ends_the_run_at_its_case(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a CUDA fault every call fails, so Hypothesis, shrinking by rerunning cases, would
     shrink to whatever case ran next. The run stops at the faulting case instead, with no reference
-    run and no other case. Simulated: the implementation raises on its third call, from which the
-    device counts as lost (tests/test_gpu_faults.py faults a real GPU)."""
+    run and no other case. Simulated: the implementation raises on the first drawn case, from
+    which the device counts as lost (tests/test_gpu_faults.py faults a real GPU)."""
     from verify import compare, property
 
     spec = registry.get("rms_norm")
+    named = len(property.runnable_examples(spec))
     calls = []
 
     def impl(*args):
         calls.append(None)
-        if len(calls) == 3:
+        if len(calls) == named + 1:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return spec.impl(*args)
 
     def reference(*args):
-        assert len(calls) < 3, "the reference ran after the fault"
+        assert len(calls) <= named, "the reference ran after the fault"
         return run_reference(*args)
 
     run_reference = compare._run_reference
     monkeypatch.setattr(compare, "_run_reference", reference)
-    monkeypatch.setattr(compare, "device_lost", lambda: len(calls) >= 3)
-    assert len(property.runnable_examples(spec)) == 2  # so the third call is the first drawn case
+    monkeypatch.setattr(compare, "device_lost", lambda: len(calls) > named)
     outcome = property.run(spec, impl, max_examples=20)
-    assert not outcome.passed and outcome.device_lost and len(calls) == 3
+    assert not outcome.passed and outcome.device_lost and len(calls) == named + 1
     assert outcome.failure.device_lost and outcome.failure.raised_by == "implementation"
-    assert (outcome.examples, outcome.cases) == (2, 1)
+    assert (outcome.examples, outcome.cases) == (named, 1)
 
 
 def test_a_report_says_how_much_of_its_tolerance_an_output_used() -> None:

@@ -506,8 +506,14 @@ def check(
         impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
         if device_lost():  # the reference cannot run, and no other case can
-            result.device_lost = True
-            return _raised(result, "implementation", exc)
+            result = _raised(result, "implementation", exc)
+            result.device_lost = True  # raised by the wait after it, so no traceback: it shows the wait
+            fault = str(exc).splitlines()[0] if str(exc) else ""
+            result.error = (
+                f"implementation raised {type(exc).__name__}: {fault} (in one of its launches, which "
+                "CUDA_LAUNCH_BLOCKING=1 on the repro names)"
+            )
+            return result
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)
             _run_reference(spec, case, "reference")
         except Exception as ref_exc:

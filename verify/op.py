@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DEVICE_LOST = (
     "the implementation faulted the GPU on this case, which leaves the device unusable for the\n"
-    "  rest of the process: the run stopped there (CUDA_LAUNCH_BLOCKING=1 on the repro names the launch)"
+    "  rest of the process: the run stopped there"
 )
 
 
