@@ -420,3 +420,45 @@ def embedding_unchecked_ids(ids: torch.Tensor, table: torch.Tensor) -> torch.Ten
         BLOCK_H=triton.next_power_of_2(table.shape[1]),
     )  # fmt: skip
     return out
+
+
+# ---- argmax ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _argmax_last_chunk_picks_kernel(logits_ptr, val_ptr, idx_ptr, nan_ptr, out_ptr, stride_row, V, CHUNKS,
+                                    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
+    x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+    first_nan = tl.min(tl.where((x != x) & (cols < V), cols, V), axis=0)
+    best, arg = tl.max(tl.where(x != x, -float("inf"), x), axis=0, return_indices=True,
+                       return_indices_tie_break_left=True)  # fmt: skip
+    tl.store(val_ptr + row * CHUNKS + chunk, best)
+    tl.store(idx_ptr + row * CHUNKS + chunk, (chunk * BLOCK_V + arg).to(tl.int64))
+    tl.store(nan_ptr + row * CHUNKS + chunk, first_nan.to(tl.int64))
+    if chunk == CHUNKS - 1:  # "the last chunk's program runs last": true on the interpreter only
+        chunks = tl.arange(0, BLOCK_C)
+        ok = chunks < CHUNKS
+        vals = tl.load(val_ptr + row * CHUNKS + chunks, mask=ok, other=-float("inf"))
+        nan = tl.min(tl.load(nan_ptr + row * CHUNKS + chunks, mask=ok, other=V), axis=0)
+        _, best_chunk = tl.max(vals, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        best_idx = tl.load(idx_ptr + row * CHUNKS + best_chunk)
+        tl.store(out_ptr + row, tl.where(nan < V, nan, best_idx))
+
+
+def argmax_picked_by_the_last_chunk(logits: torch.Tensor) -> torch.Tensor:
+    """One launch instead of two: the last chunk's program picks among the chunks' partials, which
+    other programs of the same launch store (no atomic ticket to say they are all there)."""
+    batch, vocab = logits.shape
+    block = min(256, triton.next_power_of_2(vocab))
+    chunks = triton.cdiv(vocab, block)
+    values = torch.empty(batch, chunks, dtype=torch.float32, device=logits.device)
+    indices, nans = (torch.empty(batch, chunks, dtype=torch.int64, device=logits.device) for _ in range(2))
+    out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    _argmax_last_chunk_picks_kernel[(batch, chunks)](
+        logits, values, indices, nans, out, logits.stride(0), vocab, chunks,
+        BLOCK_V=block, BLOCK_C=triton.next_power_of_2(chunks),
+    )  # fmt: skip
+    return out

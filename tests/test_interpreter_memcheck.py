@@ -1,7 +1,10 @@
-"""``ops.interpreter_memcheck``: under the interpreter, an access outside a kernel's tensors raises.
+"""``ops.interpreter_memcheck``: under the interpreter, an access outside a kernel's tensors, or a
+race between its programs, raises.
 
 Without it the interpreter reads or writes the process's own memory at such an address: a few
-elements off it reads junk (which a kernel may even discard, and pass), far off it crashes.
+elements off it reads junk (which a kernel may even discard, and pass), far off it crashes. And it
+runs a launch's programs in order, so a program reading what another stored gets the same answer
+every time, where the GPU's order is not set.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import triton.language as tl
 
 import registry
 from ops import interpreter_memcheck
-from ops.interpreter_memcheck import OutOfBounds
+from ops.interpreter_memcheck import OutOfBounds, Race
 from tests import buggy_kernels
 from verify.compare import check
 
@@ -103,3 +106,57 @@ def test_a_kernel_reading_its_tail_unmasked_fails_only_through_the_memcheck(monk
     assert "in _rms_norm_kernel" in result.error  # the report shows the kernel's line, not the interpreter's
     monkeypatch.setattr(interpreter_memcheck, "_check", lambda *args: None)
     assert check(spec, case, buggy_kernels.rms_norm_tail_loaded_unmasked).passed
+
+
+@triton.jit
+def _neighbour_kernel(x_ptr, y_ptr, READ_NEXT: tl.constexpr, WRITE_SHARED: tl.constexpr):
+    pid = tl.program_id(0)
+    tl.store(x_ptr + pid, pid.to(tl.float32))
+    if READ_NEXT:  # reads the slot the program before it stored
+        tl.store(y_ptr + pid, tl.load(x_ptr + tl.maximum(pid - 1, 0)))
+    if WRITE_SHARED:  # every program writes slot 0 of y
+        tl.store(y_ptr, pid.to(tl.float32))
+
+
+@triton.jit
+def _ticket_kernel(x_ptr, count_ptr, y_ptr, N: tl.constexpr):
+    pid = tl.program_id(0)
+    tl.store(x_ptr + pid, pid.to(tl.float32))
+    if tl.atomic_add(count_ptr, 1) == N - 1:  # the last to arrive sums everyone's slots
+        tl.store(y_ptr, tl.sum(tl.load(x_ptr + tl.arange(0, N)), axis=0))
+
+
+def test_a_program_reading_what_another_stored_in_the_launch_is_a_race() -> None:
+    x, y = torch.zeros(4), torch.zeros(4)
+    _neighbour_kernel[(1,)](x, y, READ_NEXT=True, WRITE_SHARED=False)  # one program reads its own
+    with pytest.raises(triton.runtime.errors.InterpreterError) as raised:
+        _neighbour_kernel[(4,)](x, y, READ_NEXT=True, WRITE_SHARED=False)
+    assert isinstance(raised.value.__cause__, Race)
+    assert str(raised.value.__cause__).startswith(
+        "_neighbour_kernel, program (1, 0, 0): a load of what program (0, 0, 0) stored earlier in this "
+        "launch (0 bytes into x_ptr)"
+    )
+
+
+def test_two_programs_storing_the_same_bytes_is_a_race() -> None:
+    x, y = torch.zeros(4), torch.zeros(4)
+    with pytest.raises(triton.runtime.errors.InterpreterError, match="a store over what program"):
+        _neighbour_kernel[(2,)](x, y, READ_NEXT=False, WRITE_SHARED=True)
+
+
+def test_programs_ordered_through_an_atomic_are_not_judged() -> None:
+    x, count, y = torch.zeros(8), torch.zeros(1, dtype=torch.int32), torch.zeros(1)
+    _ticket_kernel[(8,)](x, count, y, N=8)
+    assert float(y) == sum(range(8))
+
+
+def test_a_one_launch_argmax_picked_by_its_last_program_fails_only_through_the_racecheck(monkeypatch) -> None:
+    """The interpreter runs the last chunk's program last, so its pick sees every partial and the
+    values are right; on the GPU it may run before the others have stored theirs."""
+    spec = registry.get("argmax")
+    case = spec.build({**spec.typical, "b": 1, "vocab": 700, "pattern": "random"}, backend.device())
+    result = check(spec, case, buggy_kernels.argmax_picked_by_the_last_chunk)
+    assert not result.passed and "Race" in result.error
+    assert "in _argmax_last_chunk_picks_kernel" in result.error  # the kernel's line
+    monkeypatch.setattr(interpreter_memcheck, "_check_races", lambda *args: None)
+    assert check(spec, case, buggy_kernels.argmax_picked_by_the_last_chunk).passed

@@ -43,6 +43,7 @@ class Watchdog:
             yield
         finally:
             timer.cancel()
+            timer.join()  # gone before the caller goes on: a timer thread alive at exit can abort it
 
     def _expire(self, subject: Any) -> None:
         try:
