@@ -161,40 +161,16 @@ def _check_races(launch: _Launch, addresses: np.ndarray, slot: np.ndarray, size:
             writers[covered] = program
 
 
-def _checked_load(method: Callable) -> Callable:
+def _checked(method: Callable, access: str, ptr_at: int, mask_at: int | None = None) -> Callable:
+    """A builder method that checks its pointers (argument ``ptr_at``, masked by ``mask_at``) first."""
+
     @functools.wraps(method)
-    def create_masked_load(self, ptrs, mask, other, *args: Any) -> TensorHandle:
-        _check(ptrs, None if mask is None else mask.data, "load")
-        return method(self, ptrs, mask, other, *args)
+    def wrapper(self: InterpreterBuilder, *args: Any) -> Any:
+        mask = None if mask_at is None else args[mask_at]
+        _check(args[ptr_at], None if mask is None else mask.data, access)
+        return method(self, *args)
 
-    return create_masked_load
-
-
-def _checked_store(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def create_masked_store(self, ptrs, value, mask, *args: Any) -> Any:
-        _check(ptrs, None if mask is None else mask.data, "store")
-        return method(self, ptrs, value, mask, *args)
-
-    return create_masked_store
-
-
-def _checked_atomic_rmw(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def create_atomic_rmw(self, op, ptr, val, mask, *args: Any) -> TensorHandle:
-        _check(ptr, None if mask is None else mask.data, "atomic")
-        return method(self, op, ptr, val, mask, *args)
-
-    return create_atomic_rmw
-
-
-def _checked_atomic_cas(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def create_atomic_cas(self, ptr, *args: Any) -> TensorHandle:
-        _check(ptr, None, "atomic")
-        return method(self, ptr, *args)
-
-    return create_atomic_cas
+    return wrapper
 
 
 def _recording(call: Callable[..., None]) -> Callable[..., None]:
@@ -217,9 +193,10 @@ def install() -> None:
     if getattr(InterpreterBuilder, _MARKER, False):
         return
     builder = InterpreterBuilder
-    builder.create_masked_load = _checked_load(builder.create_masked_load)
-    builder.create_masked_store = _checked_store(builder.create_masked_store)
-    builder.create_atomic_rmw = _checked_atomic_rmw(builder.create_atomic_rmw)
-    builder.create_atomic_cas = _checked_atomic_cas(builder.create_atomic_cas)
+    # (ptrs, mask, other, ...), (ptrs, value, mask, ...), (op, ptr, val, mask, ...), (ptr, cmp, val, ...)
+    builder.create_masked_load = _checked(builder.create_masked_load, "load", 0, 1)
+    builder.create_masked_store = _checked(builder.create_masked_store, "store", 0, 2)
+    builder.create_atomic_rmw = _checked(builder.create_atomic_rmw, "atomic", 1, 3)
+    builder.create_atomic_cas = _checked(builder.create_atomic_cas, "atomic", 0)
     interpreter.GridExecutor.__call__ = _recording(interpreter.GridExecutor.__call__)
     setattr(builder, _MARKER, True)

@@ -7,24 +7,14 @@ a hung kernel is only ended by ending its process.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.subprocess_env import user_env
+from tests.test_verify_op import verify_op
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.gpu
-
-
-def verify_op(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "verify.op", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=user_env(),
-    )  # fmt: skip
 
 
 def test_an_illegal_address_is_reported_against_its_case(tmp_path: Path) -> None:
