@@ -450,9 +450,10 @@ def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
     return cmd + (f" --impl {shlex.quote(impl_label)}" if impl_label else "")
 
 
-def _raised(result: CheckResult, who: str, exc: BaseException) -> CheckResult:
+def _raised(result: CheckResult, who: str, exc: BaseException, error: str | None = None) -> CheckResult:
+    """``who`` raised ``exc``: the verdict, with ``error`` or else the exception and where it rose."""
     result.passed, result.raised_by, result.raised = False, who, exc
-    result.error = (f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)).rstrip()
+    result.error = error or (f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)).rstrip()
     return result
 
 
@@ -506,14 +507,15 @@ def check(
         impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
     except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
         if device_lost():  # the reference cannot run, and no other case can
-            result = _raised(result, "implementation", exc)
-            result.device_lost = True  # raised by the wait after it, so no traceback: it shows the wait
+            result.device_lost = True
             fault = str(exc).splitlines()[0] if str(exc) else ""
-            result.error = (
+            return _raised(  # raised by the wait after the call: its traceback shows the wait, not the kernel
+                result,
+                "implementation",
+                exc,
                 f"implementation raised {type(exc).__name__}: {fault} (in one of its launches, which "
-                "CUDA_LAUNCH_BLOCKING=1 on the repro names)"
+                "CUDA_LAUNCH_BLOCKING=1 on the repro names)",
             )
-            return result
         try:  # inputs the reference cannot take either are the case's fault (a given or recorded one)
             _run_reference(spec, case, "reference")
         except Exception as ref_exc:
