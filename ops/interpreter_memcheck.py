@@ -9,14 +9,16 @@ program of the same launch writes (or two that write the same bytes) gets the sa
 time on the CPU, where the GPU, which runs them in no set order, gets either. Either way a
 verification run on CPU could pass a kernel that is wrong on the GPU, or die without naming it.
 
-:func:`install` makes each interpreted launch record the byte range of every tensor it is passed
-(its whole storage, as a memory checker on the GPU sees the allocation), and each load, store and
-atomic check every address its mask enables against those ranges before it touches memory: an
-address outside them raises :class:`OutOfBounds`. The launch also records which program last
-stored each byte: a load of bytes another program stored, or a store over them, raises
-:class:`Race`; from a launch's first atomic on, programs may be ordering themselves through it,
-and that launch is no longer checked for races. Each error names the kernel, the program and
-where the access fell. Compiled GPU kernels are unaffected.
+:func:`install` makes each interpreted launch record the bytes of every tensor it is passed (the
+elements of the tensor as passed: a view's own elements, not the rest of its storage, since on the
+GPU the caching allocator packs tensors side by side in one allocation, where a write past a view
+corrupts its neighbour without a fault), and each load, store and atomic check every address its
+mask enables against them before it touches memory: an address outside them raises
+:class:`OutOfBounds`. The launch also records which program last stored each byte: a load of
+bytes another program stored, or a store over them, raises :class:`Race`; from a launch's first
+atomic on, programs may be ordering themselves through it, and that launch is no longer checked
+for races. Each error names the kernel, the program and where the access fell. Compiled GPU
+kernels are unaffected.
 """
 
 from __future__ import annotations
@@ -44,16 +46,31 @@ class Race(Exception):
     """A program read or overwrote bytes another program of the same launch had stored."""
 
 
+_RUNS_CAP = 1 << 22  # a strided view with more elements is allowed its whole span instead
+
+
+@dataclass
+class _Tensor:
+    """A tensor a launch was passed: its name and the byte span from its first element to past its
+    last (a strided view may have gaps inside it)."""
+
+    name: str
+    start: int
+    end: int
+
+
 @dataclass
 class _Launch:
-    """The running launch: its kernel's name, its tensors' byte ranges (sorted by start), and for
-    each tensor stored to, the program that last stored each byte (-1: none)."""
+    """The running launch: its kernel's name, its tensors, the bytes they hold as sorted disjoint
+    runs, and for each storage stored to, the program that last stored each byte (-1: none)."""
 
     kernel: str
-    names: tuple[str, ...]
-    starts: np.ndarray  # uint64
-    ends: np.ndarray  # uint64, exclusive
-    writers: dict[int, np.ndarray] = field(default_factory=dict)  # by range index
+    tensors: list[_Tensor]
+    run_starts: np.ndarray  # uint64
+    run_ends: np.ndarray  # uint64, exclusive
+    storage_starts: np.ndarray  # uint64, one per distinct storage
+    storage_ends: np.ndarray
+    writers: dict[int, np.ndarray] = field(default_factory=dict)  # by storage index
     atomics: bool = False  # an atomic ran: programs may order themselves, races are not judged
 
 
@@ -71,27 +88,89 @@ def _tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, value.base
 
 
+def _is_dense(t: torch.Tensor) -> bool:
+    """Its elements fill its span with no gap and no overlap (contiguous up to a permutation)."""
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _runs(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The byte runs a tensor's elements cover, as (starts, ends)."""
+    if t.numel() == 0:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+    size, base = t.element_size(), t.data_ptr()
+    span = sum((n - 1) * stride for n, stride in zip(t.shape, t.stride(), strict=True)) + 1
+    if _is_dense(t) or t.numel() > _RUNS_CAP:
+        return np.array([base], np.uint64), np.array([base + span * size], np.uint64)
+    offsets = np.zeros(1, np.int64)
+    for n, stride in zip(t.shape, t.stride(), strict=True):
+        offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * stride).ravel()
+    offsets = np.unique(offsets)
+    breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
+    firsts = offsets[np.r_[0, breaks]]
+    lasts = offsets[np.r_[breaks - 1, offsets.size - 1]]
+    return (base + firsts * size).astype(np.uint64), (base + (lasts + 1) * size).astype(np.uint64)
+
+
+def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, disjoint runs covering the same bytes."""
+    if not starts.size:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], np.maximum.accumulate(ends[order])
+    fresh = np.r_[True, starts[1:] > ends[:-1]]
+    last = np.r_[np.flatnonzero(fresh)[1:] - 1, starts.size - 1]
+    return starts[fresh], ends[last]
+
+
 def _launch(kernel: str, named: dict[str, Any]) -> _Launch:
-    ranges = sorted(
-        (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), name)
-        for arg, value in named.items()
-        for name, t in _tensors(arg, value)
+    passed = [(name, t) for arg, value in named.items() for name, t in _tensors(arg, value)]
+    runs = [_runs(t) for _, t in passed]
+    run_starts, run_ends = _merged(
+        np.concatenate([r[0] for r in runs] or [np.empty(0, np.uint64)]),
+        np.concatenate([r[1] for r in runs] or [np.empty(0, np.uint64)]),
     )
-    starts = np.array([r[0] for r in ranges], dtype=np.uint64)
-    ends = np.array([r[0] + r[1] for r in ranges], dtype=np.uint64)
-    return _Launch(kernel, tuple(r[2] for r in ranges), starts, ends)
+    storages = sorted({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for _, t in passed})
+    spans = [
+        _Tensor(name, int(starts[0]), int(ends[-1]))
+        for (name, _), (starts, ends) in zip(passed, runs, strict=True)
+        if starts.size
+    ]
+    return _Launch(
+        kernel,
+        spans,
+        run_starts,
+        run_ends,
+        np.array([p for p, _ in storages], np.uint64),
+        np.array([p + n for p, n in storages], np.uint64),
+    )
 
 
 def _where(launch: _Launch, address: int) -> str:
-    """Where an address fell, as a person reads it: past the end of, or before, the nearest tensor."""
+    """Where an address fell, as a person reads it: between a strided view's elements, past the end
+    of, or before, the nearest tensor."""
     nearest = []
-    for start, end, name in zip(launch.starts.tolist(), launch.ends.tolist(), launch.names, strict=True):
-        if address >= end:
-            past = "just past" if address == end else f"{address - end} bytes past"
-            nearest.append((address - end, f"{past} the end of {name}"))
+    for t in launch.tensors:
+        if t.start <= address < t.end:
+            return f"{address - t.start} bytes into {t.name}'s span, between its elements (a strided view)"
+        if address >= t.end:
+            past = "just past" if address == t.end else f"{address - t.end} bytes past"
+            nearest.append((address - t.end, f"{past} the end of {t.name}"))
         else:
-            nearest.append((start - address, f"{start - address} bytes before {name}"))
+            nearest.append((t.start - address, f"{t.start - address} bytes before {t.name}"))
     return min(nearest)[1] if nearest else "the kernel was passed no tensor"
+
+
+def _named(launch: _Launch, address: int) -> str:
+    """A stored byte as "N bytes into NAME", NAME the first tensor whose span holds it."""
+    for t in launch.tensors:
+        if t.start <= address < t.end:
+            return f"{address - t.start} bytes into {t.name}"
+    return f"address {address:#x}"
 
 
 def _program() -> tuple[int, tuple[int, int, int]]:
@@ -117,8 +196,8 @@ def _check(ptrs: TensorHandle, mask: np.ndarray | None, access: str) -> None:
     if not addresses.size:
         return
     size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-    slot = np.searchsorted(launch.starts, addresses, side="right").astype(np.int64) - 1
-    inside = (slot >= 0) & (addresses + np.uint64(size) <= launch.ends[np.maximum(slot, 0)])
+    slot = np.searchsorted(launch.run_starts, addresses, side="right").astype(np.int64) - 1
+    inside = (slot >= 0) & (addresses + np.uint64(size) <= launch.run_ends[np.maximum(slot, 0)])
     if not inside.all():
         bad = addresses[~inside]
         article = "an" if access == "atomic" else "a"
@@ -128,13 +207,14 @@ def _check(ptrs: TensorHandle, mask: np.ndarray | None, access: str) -> None:
         )
     launch.atomics |= access == "atomic"
     if not launch.atomics:
-        _check_races(launch, addresses, slot, size, access)
+        _check_races(launch, addresses, size, access)
 
 
-def _check_races(launch: _Launch, addresses: np.ndarray, slot: np.ndarray, size: int, access: str) -> None:
+def _check_races(launch: _Launch, addresses: np.ndarray, size: int, access: str) -> None:
     """Raise :class:`Race` where another program of the launch stored these bytes; record a store's."""
     program, ids = _program()
-    first_byte = (addresses - launch.starts[slot]).astype(np.int64)
+    slot = np.searchsorted(launch.storage_starts, addresses, side="right").astype(np.int64) - 1
+    first_byte = (addresses - launch.storage_starts[slot]).astype(np.int64)
     for index in np.unique(slot).tolist():
         where = first_byte[slot == index]
         covered = (where[:, None] + np.arange(size)).ravel()
@@ -142,19 +222,20 @@ def _check_races(launch: _Launch, addresses: np.ndarray, slot: np.ndarray, size:
         if writers is None:
             if access == "load":
                 continue
-            nbytes = int(launch.ends[index] - launch.starts[index])
+            nbytes = int(launch.storage_ends[index] - launch.storage_starts[index])
             writers = launch.writers[index] = np.full(nbytes, -1, dtype=np.int64)
         earlier = writers[covered]
         clash = (earlier >= 0) & (earlier != program)
         if clash.any():
             first = int(np.argmax(clash))
-            other, name, offset = _ids(int(earlier[first])), launch.names[index], int(covered[first])
+            other = _ids(int(earlier[first]))
+            at = _named(launch, int(launch.storage_starts[index]) + int(covered[first]))
             if access == "load":
                 what = f"a load of what program {other} stored earlier in this launch"
             else:
                 what = f"a store over what program {other} stored earlier in this launch"
             raise Race(
-                f"{launch.kernel}, program {ids}: {what} ({offset} bytes into {name}); the GPU runs a "
+                f"{launch.kernel}, program {ids}: {what} ({at}); the GPU runs a "
                 "launch's programs in no set order, so this is a race"
             )
         if access == "store":

@@ -78,14 +78,40 @@ def test_an_unmasked_load_outside_the_tensors_raises_naming_the_kernel(offset: i
 
 
 def test_a_store_outside_raises_before_writing() -> None:
-    buffer = torch.zeros(24)
-    y = buffer[:8]  # a view: its storage is all 24 floats, as the GPU sees the allocation
-    _store_kernel[(1,)](y, OFFSET=8, BLOCK=16)  # inside the storage, past the view
-    assert torch.equal(buffer[8:], torch.full((16,), 7.0))
-    buffer.zero_()
+    y = torch.zeros(24)
+    _store_kernel[(1,)](y, OFFSET=8, BLOCK=16)
+    assert torch.equal(y[8:], torch.full((16,), 7.0))
+    y.zero_()
     with pytest.raises(triton.runtime.errors.InterpreterError, match="a store of 4 of 16 addresses"):
         _store_kernel[(1,)](y, OFFSET=12, BLOCK=16)
-    assert not buffer.any()  # nothing was written: the check runs before the access
+    assert not y.any()  # nothing was written: the check runs before the access
+
+
+def test_a_store_past_a_view_inside_its_storage_raises() -> None:
+    """On the GPU the caching allocator packs tensors into one allocation, so a write past a view's
+    end lands in its neighbour without a fault; the check holds a kernel to the view it was passed."""
+    buffer = torch.zeros(24)
+    with pytest.raises(triton.runtime.errors.InterpreterError) as raised:
+        _store_kernel[(1,)](buffer[:8], OFFSET=0, BLOCK=16)
+    assert (
+        "a store of 8 of 16 addresses outside every tensor it was passed; the first just past the end "
+        in str(raised.value.__cause__)
+    )
+    assert not buffer.any()
+
+
+def test_an_access_between_a_strided_views_elements_raises() -> None:
+    matrix = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    column_pair = matrix[:, :2]  # rows 8 floats apart: 6 floats of each row are not the view's
+    y = torch.zeros(16)
+    _copy_kernel[(1,)](column_pair, y, 2, OFFSET=8, MASKED=True, BLOCK=2)  # row 1's pair
+    assert y[:2].tolist() == [8.0, 9.0]
+    with pytest.raises(triton.runtime.errors.InterpreterError) as raised:
+        _copy_kernel[(1,)](column_pair, y, 3, OFFSET=8, MASKED=True, BLOCK=4)
+    assert str(raised.value.__cause__).endswith(
+        "a load of 1 of 3 addresses outside every tensor it was passed; the first 40 bytes into x_ptr's "
+        "span, between its elements (a strided view)"
+    )
 
 
 def test_an_atomic_outside_raises() -> None:
