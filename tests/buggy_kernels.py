@@ -29,7 +29,10 @@ def _rms_norm_kernel(
         mask = cols < N - 1
     else:
         mask = cols < N
-    if BUG == "tail_loaded_unmasked":  # the block read whole, the lanes past N zeroed after the load
+    if BUG == "row_offset_wrapped":  # the row's offset wrapped to a huge one (here: 2^40 elements on)
+        x = tl.load(x_ptr + row * stride_x + (1 << 40) + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    elif BUG == "tail_loaded_unmasked":  # the block read whole, the lanes past N zeroed after the load
         x = tl.where(mask, tl.load(x_ptr + row * stride_x + cols), 0.0).to(tl.float32)
         w = tl.where(mask, tl.load(w_ptr + cols), 0.0).to(tl.float32)
     else:
@@ -70,6 +73,12 @@ def rms_norm_tail_loaded_unmasked(x: torch.Tensor, weight: torch.Tensor, eps: fl
     """Right values, wrong reads: each row's block is loaded whole, past N, and the extra lanes are
     zeroed after the load; the GPU reads past the end of x and the weight (and faults at a page's end)."""
     return _rms_norm(x, weight, eps, "tail_loaded_unmasked")
+
+
+def rms_norm_reads_far_outside_x(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Reads each row 2^40 elements past x, as a wrapped or garbage offset does: on the GPU an illegal
+    address, which leaves the device unusable; under the interpreter's memcheck an OutOfBounds."""
+    return _rms_norm(x, weight, eps, "row_offset_wrapped")
 
 
 def rms_norm_waits_for_next_row(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -406,6 +406,27 @@ def test_an_injected_implementation_that_hangs_is_a_divergence(module: str, tmp_
     assert "did not return within 5 s" in json.loads(report.read_text())["raised"]
 
 
+@pytest.mark.parametrize("module", ["verify.e2e", "verify.bisect"])
+def test_an_injected_kernel_reading_far_outside_x_is_a_divergence(module: str, tmp_path: Path) -> None:
+    """Loads 2^40 elements past x. Under the interpreter the memcheck raises before the access; on
+    the GPU the launch faults and the device is lost: the wait inside the injected call charges the
+    fault to the injection, and the run stops there. Exit 1 and the --json verdict either way."""
+    report = tmp_path / "report.json"
+    impl = "tests/buggy_kernels.py:rms_norm_reads_far_outside_x"
+    inject = ("--inject", f"rms_norm={impl}@1", "--json", str(report))
+    if module == "verify.bisect":
+        run = cli(module, *inject, "--prompt-len", "4", "--decode-steps", "0")
+    else:
+        run = cli(module, *inject, "--new-tokens", "1", "--against", "reference")
+    assert run.returncode == 1, run.stdout + run.stderr
+    if backend.is_interpreter():
+        expected = "raised InterpreterError: OutOfBounds('_rms_norm_kernel, program (0, 0, 0): a load of"
+    else:
+        expected = "faulted the GPU: CUDA error: an illegal memory access"
+    assert f"DIVERGES: the injected rms_norm ({impl}) {expected}" in run.stdout
+    assert expected in json.loads(report.read_text())["raised"]
+
+
 def test_an_injected_implementation_that_raises_shows_the_failing_line(tmp_path: Path, capsys) -> None:
     from verify import e2e
 

@@ -18,7 +18,7 @@ from model import weights as model_weights
 from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
 from verify.cli import UsageError, add_timeout_argument
-from verify.watchdog import HANG, NO_LIMIT, Watchdog, wait_for_device
+from verify.watchdog import HANG, NO_LIMIT, Watchdog, device_lost, wait_for_device
 
 # ops the decoder calls only outside its layers (embedding, the RoPE table, the greedy pick):
 # --inject swaps ops in layers, so these cannot be injected
@@ -31,9 +31,9 @@ class InjectedOpError(Exception):
     as ``verify.op`` reports an implementation that raises as a divergence). ``where`` is the end
     of its traceback, as verify.op prints it, so the failing line of the user's code is shown."""
 
-    def __init__(self, message: str, cause: BaseException) -> None:
+    def __init__(self, message: str, cause: BaseException, where: str | None = None) -> None:
         super().__init__(message)
-        self.where = impl_loader.failure_site(cause)
+        self.where = impl_loader.failure_site(cause) if where is None else where
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,14 @@ def _guarded(fn: Callable, inj: Injection, watchdog: Watchdog) -> Callable:
                 wait_for_device()
             return result
         except (Exception, SystemExit) as exc:  # sys.exit(0) inside it is no verdict
+            if device_lost():  # raised by the wait: its traceback shows the wait, not the kernel
+                fault = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise InjectedOpError(
+                    f"the injected {inj.op} ({inj.impl_spec}) faulted the GPU: {fault} (in one of its "
+                    "launches, which CUDA_LAUNCH_BLOCKING=1 names); the device is lost: the run stops here",
+                    exc,
+                    where="",
+                ) from exc
             raise InjectedOpError(
                 f"the injected {inj.op} ({inj.impl_spec}) raised {type(exc).__name__}: {exc}", exc
             ) from exc
