@@ -35,11 +35,12 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv >"$
 for stage in $stages; do
     case $stage in
         # the kernel-running tests; the CPU-only ones (interpreter patch, CLI subprocesses, HF
-        # oracle in fp32, building the embedded checkpoint) add nothing on the GPU
+        # oracle in fp32, building the embedded checkpoint) add nothing on the GPU, but for the
+        # injected op that faults the GPU inside verify.e2e and verify.bisect
         tests) run tests 330 python -m pytest -n 16 -q -p no:cacheprovider --durations=12 tests/test_ops.py tests/test_compare.py \
             tests/test_model.py tests/test_gemm.py tests/test_attention.py tests/test_fused_linear.py \
             tests/test_rope_kv_store.py tests/test_strategy_reach.py tests/test_rounding.py tests/test_embedding.py \
-            tests/test_gpu_faults.py ;;
+            tests/test_gpu_faults.py tests/test_tools.py::test_an_injected_kernel_reading_far_outside_x_is_a_divergence ;;
         # and again over the article's whole 32768-row context (a server's cache): decode attention
         # then shares a short sequence out over many splits and combines only the busy ones
         e2e) run e2e 60 python -m verify.e2e --model article --new-tokens 16 --json "$OUT/e2e.json"
