@@ -150,6 +150,14 @@ def _launch(kernel: str, named: dict[str, Any]) -> _Launch:
     )
 
 
+def _distance(nbytes: int) -> str:
+    """A distance in bytes as a person reads it: exact when small, in binary units when far."""
+    if nbytes < 1 << 20:
+        return f"{nbytes} bytes"
+    unit, scale = next((u, 1 << s) for u, s in (("TiB", 40), ("GiB", 30), ("MiB", 20)) if nbytes >= 1 << s)
+    return f"{nbytes / scale:.1f} {unit}"
+
+
 def _where(launch: _Launch, address: int) -> str:
     """Where an address fell, as a person reads it: between a strided view's elements, past the end
     of, or before, the nearest tensor."""
@@ -158,10 +166,10 @@ def _where(launch: _Launch, address: int) -> str:
         if t.start <= address < t.end:
             return f"{address - t.start} bytes into {t.name}'s span, between its elements (a strided view)"
         if address >= t.end:
-            past = "just past" if address == t.end else f"{address - t.end} bytes past"
+            past = "just past" if address == t.end else f"{_distance(address - t.end)} past"
             nearest.append((address - t.end, f"{past} the end of {t.name}"))
         else:
-            nearest.append((t.start - address, f"{t.start - address} bytes before {t.name}"))
+            nearest.append((t.start - address, f"{_distance(t.start - address)} before {t.name}"))
     return min(nearest)[1] if nearest else "the kernel was passed no tensor"
 
 

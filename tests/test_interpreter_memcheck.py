@@ -66,7 +66,7 @@ OUTSIDE = "a load of {} of 16 addresses outside every tensor it was passed"
     [
         (0, OUTSIDE.format(4) + "; the first just past the end of x_ptr"),
         (-3, OUTSIDE.format(4) + "; the first 12 bytes before x_ptr"),
-        (1 << 40, OUTSIDE.format(16)),  # unchecked, the interpreter's load would crash the process
+        (1 << 40, OUTSIDE.format(16) + "; the first 4.0 TiB past the end of"),  # unchecked, it would crash
     ],
 )
 def test_an_unmasked_load_outside_the_tensors_raises_naming_the_kernel(offset: int, where: str) -> None:
