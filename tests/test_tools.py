@@ -585,6 +585,20 @@ def test_roofline_reads_the_lm_head_once_and_one_embedding_row() -> None:
     assert with_cache - tied_bytes == 100 * tied.num_layers * kv_row
 
 
+def test_model_bench_reports_the_model_issues_targets_it_measured() -> None:
+    """Decode against 0.45 ms/token always; the peer only when its row ran; prefill only at the
+    targets' prompt of 256 tokens (another length's prefill is not the stated target)."""
+    from verify.bench.model import GRAPH_ROW, PEER_ROW, targets
+
+    ours = {"name": GRAPH_ROW, "prefill_ms": 1.74, "decode_ms": 0.624}
+    peer = {"name": PEER_ROW, "prefill_ms": None, "decode_ms": 1.663}
+    found = targets([ours, peer], 256)
+    assert [t["met"] for t in found] == [False, True, True]
+    assert found[0]["value"] == "0.624 ms/token" and found[1]["value"] == "2.67x"
+    assert [t["met"] for t in targets([{**ours, "decode_ms": 0.45, "prefill_ms": 2.1}], 256)] == [True, False]
+    assert len(targets([ours], 128)) == 1
+
+
 def test_profile_shares_split_the_union_of_kernel_spans() -> None:
     """Under programmatic dependent launch kernel spans overlap: each kernel is credited with the
     time it extends the busy period, so nothing is counted twice and the shares sum to the union."""

@@ -209,7 +209,7 @@ def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list
         timing.table(
             ["shape", "check", "ours us", "SDPA us", "vs SDPA", "TFLOP/s", "% peak", "SDPA TFLOP/s", "SDPA"],
             [
-                [r["shape"], "ok" if r["passed"] else "FAIL", f"{r['ours_us']:.1f}", f"{r['sdpa_us']:.1f}",
+                [r["shape"], "ok" if r["passed"] else "WRONG", f"{r['ours_us']:.1f}", f"{r['sdpa_us']:.1f}",
                  f"{r['speed_vs_sdpa']:.2f}x", f"{r['tflops']:.0f}", f"{r['pct_peak']:.0f}%",
                  f"{r['sdpa_tflops']:.0f}", r["sdpa_backend"]]
                 for r in rows if r["kind"] == "prefill"
@@ -222,7 +222,7 @@ def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list
             ["shape", "check", "splits", "ours us", "SDPA us", "vs SDPA", "GB/s", "% bw", "SDPA GB/s",
              "SDPA"],
             [
-                [r["shape"], "ok" if r["passed"] else "FAIL", r["splits"], f"{r['ours_us']:.2f}",
+                [r["shape"], "ok" if r["passed"] else "WRONG", r["splits"], f"{r['ours_us']:.2f}",
                  f"{r['sdpa_us']:.2f}", f"{r['speed_vs_sdpa']:.2f}x", f"{r['gbps']:.0f}",
                  f"{r['pct_bandwidth']:.0f}%", f"{r['sdpa_gbps']:.0f}", r["sdpa_backend"]]
                 for r in rows if r["kind"] == "decode"
@@ -230,7 +230,7 @@ def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list
         )
     )  # fmt: skip
     print("\ntargets")
-    print(timing.table(["target", "value", "met"], [[t["target"], t["value"], t["met"]] for t in targets]))
+    print(timing.targets_table(targets))
     for r in rows:
         if not r["passed"]:
             print(f"\n{r['kind']} {r['shape']} DIVERGES:\n{r['verdict']}")

@@ -117,3 +117,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def targets_table(targets: Sequence[dict]) -> str:
+    """An issue's targets (``target``, ``value``, ``met``) as a table: reported, not enforced."""
+    return table(
+        ["target", "value", "met"], [[t["target"], t["value"], "yes" if t["met"] else "no"] for t in targets]
+    )
