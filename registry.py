@@ -76,6 +76,10 @@ class OpSpec:
     # the output may move under rounding that plain torch's error need not show (attention: one
     # fp32 ulp on each score, amplified by the softmax; see ``references.attention``).
     error_floor: Callable[..., float] | None = None
+    # The contract's rules on values a kernel cannot check (device tensors read inside a CUDA
+    # Graph), given the call's arguments: why a given or recorded call breaks them, or None.
+    # Such a call is bad input (exit 2), not a divergence of whoever is tested.
+    precondition: Callable[..., str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.tolerance:
@@ -177,18 +181,21 @@ register(OpSpec(
     s_attention.attention_params, s_attention.attention_build, (6, 7, 8),
     s_attention.ATTENTION_EXAMPLES, s_attention.ATTENTION_INVALID,
     error_floor=references.attention.score_rounding_floor,
+    precondition=references.attention.seq_lens_below_s,
 ))
 register(OpSpec(  # the same op forced onto the prefill kernel, at every S
     "attention_prefill", attention.attention_prefill, references.attention.attention,
     s_attention.attention_params, s_attention.attention_build, (6, 7, 8),
     s_attention.ATTENTION_EXAMPLES, s_attention.ATTENTION_INVALID, tolerance="attention",
     error_floor=references.attention.score_rounding_floor,
+    precondition=references.attention.seq_lens_below_s,
 ))
 register(OpSpec(  # the same op forced onto the split-KV decode kernels
     "attention_decode", attention.attention_decode, references.attention.attention,
     s_attention.attention_decode_params, s_attention.attention_build, (6, 7, 8),
     s_attention.ATTENTION_DECODE_EXAMPLES, s_attention.ATTENTION_INVALID, tolerance="attention",
     error_floor=references.attention.score_rounding_floor,
+    precondition=references.attention.seq_lens_below_s,
 ))
 register(OpSpec(
     "linear", gemm.linear, references.gemm.linear,

@@ -99,6 +99,21 @@ def attention(
     return out(result, q.dtype)
 
 
+def seq_lens_below_s(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> str | None:
+    """The contract's ``S <= seq_len``, which the kernel cannot check (the lengths stay on the
+    device inside a CUDA Graph): why a given call breaks it, or None."""
+    short = (seq_lens < q.shape[1]).nonzero().flatten().tolist()
+    if not short:
+        return None
+    row = short[0]
+    return (
+        f"seq_lens: row {row} is {int(seq_lens[row])}, fewer than its {q.shape[1]} new tokens; "
+        "expected S <= seq_len (the queries are the last S of the valid rows)"
+    )
+
+
 def score_rounding_floor(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
 ) -> float:
@@ -110,6 +125,8 @@ def score_rounding_floor(
     error of at most ``e`` on every score moves the output by at most ``2 e max|v|``: that is the
     floor, over the visible rows. Large scores (hundreds) make it the dominant fp32 error.
     """
+    if q.numel() == 0 or k_cache.numel() == 0:  # no output, or no row to see: nothing can move
+        return 0.0
     largest_terms, largest_values = [], []
     for _, _, q_c, k_c, v_c, lens in _chunks(q, k_cache, v_cache, seq_lens):
         mask = visible(lens, q.shape[1], k_cache.shape[1])  # [B, 1, S, L] of the chunk

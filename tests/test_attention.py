@@ -67,6 +67,27 @@ def test_prefill_and_decode_paths_agree(overrides: dict) -> None:
         assert (a - b).abs().max() <= 2 * ulp(q.dtype, float(a.abs().max()))
 
 
+@pytest.mark.parametrize("empty", [{"s": 0}, {"b": 0}, {"group": 0}])
+def test_an_empty_call_is_checked_not_crashed(empty: dict) -> None:
+    """No queries (S, B or Hq of 0) is a valid call with an empty answer; the tolerance's score
+    floor, a max over the visible scores, has nothing to take a max of and is zero."""
+    case = _case(**{"past": 0, **empty})
+    assert ref.score_rounding_floor(*case.args) == 0.0
+    result = check(registry.get("attention"), case)
+    assert result.passed, result.describe()
+
+
+def test_seq_len_below_s_is_named_as_outside_the_contract() -> None:
+    case = _case(s=3, past=0, b=2, lens="same")
+    q, k_cache, v_cache, seq_lens, scale = case.args
+    assert ref.seq_lens_below_s(*case.args) is None
+    short = seq_lens.clone()
+    short[1] = 2
+    assert ref.seq_lens_below_s(q, k_cache, v_cache, short, scale).startswith(
+        "seq_lens: row 1 is 2, fewer than its 3 new tokens"
+    )
+
+
 def test_auto_switch_is_at_decode_max_rows() -> None:
     assert ops_attention.uses_decode_path(1, 8) and ops_attention.uses_decode_path(16, 4)
     assert not ops_attention.uses_decode_path(17, 4) and not ops_attention.uses_decode_path(65, 1)

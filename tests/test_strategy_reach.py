@@ -43,7 +43,7 @@ ROPE_KV_STORE = (
 )  # fmt: skip
 
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "embedding": ("S = 1", "V tail", "H tail", "ids edges", "ids int32", "ids int64"),
+    "embedding": ("S = 1", "V tail", "H tail", "ids edges", "ids int32", "ids int64", "ids outside"),
     "rms_norm": (*SHAPES, "3-d input", "values zeros", "large magnitude"),
     "add_rms_norm": (*SHAPES, "values zeros"),
     "add": SHAPES,

@@ -81,7 +81,7 @@ def _seq_lens(params: dict, gen: torch.Generator, device: torch.device) -> torch
     kind = choice(params, "lens", LENS)
     if kind == "ragged":  # row 0 the longest, the others anywhere in [S, longest]
         lens = torch.randint(s, longest + 1, (b,), generator=gen, device=device)
-        lens[0] = longest
+        lens[:1] = longest
     elif kind == "past_capacity":  # a device value past L: rows beyond L do not exist. Just past
         # L, or up to 600 rows past (beyond the longest decode tile, 512 rows at head_dim 16 on the
         # GPU), so that the tile holding row L-1 looks full to a kernel that does not clamp to L

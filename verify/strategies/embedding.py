@@ -9,7 +9,9 @@ from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator,
 from verify.limits import Limits
 from verify.strategies.common import INDEX_DTYPES, Invalid, common, labels_for, replace
 
-IDS = ("random", "edges", "repeated")  # token ids anywhere, at the table's first and last rows, all one
+# token ids anywhere, at the table's first and last rows, all one, and some outside the table
+# (-1, V, and the dtype's extremes: the contract gives those a NaN row, never another row)
+IDS = ("random", "edges", "repeated", "outside")
 
 
 def embedding_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -37,6 +39,10 @@ def embedding_build(params: dict, device: torch.device) -> Case:
         buffer = torch.where(buffer % 2 == 0, 0, vocab - 1)
     elif ids_kind == "repeated":
         buffer = buffer[:, :1].expand_as(buffer).contiguous()
+    elif ids_kind == "outside":
+        info = torch.iinfo(getattr(torch, id_dtype))
+        bad = torch.tensor([-1, vocab, info.max, info.min], device=device)
+        buffer = torch.where(buffer % 3 == 0, bad[buffer % 4], buffer)
     ids = buffer.to(getattr(torch, id_dtype))[:, offset : offset + s]
     labels = labels_for(params, S=s, H=params["hidden"], V=vocab)
     labels += [f"ids {params['ids']}", f"ids {params['id_dtype']}"]
