@@ -156,7 +156,23 @@ def _rope_parameters(cfg: dict) -> tuple[str, dict]:
         raise ConfigError(f"rope_scaling: expected an object, got {scaling!r}")
     if rope is not None and not isinstance(rope, dict):
         raise ConfigError(f"rope_parameters: expected an object, got {rope!r}")
-    return ("rope_scaling", scaling) if scaling else ("rope_parameters", rope or {})
+    key, params = ("rope_scaling", scaling) if scaling else ("rope_parameters", rope or {})
+    # transformers 5's per-layer-type form, {"full_attention": {...}, "sliding_attention": {...}}:
+    # the kernels apply one RoPE to every layer (and transformers' llama/qwen2/qwen3 cannot run it)
+    types = cfg.get("layer_types")
+    type_names = {t for t in types if isinstance(t, str)} if isinstance(types, list) else set()
+    nested = sorted(
+        str(k)
+        for k, v in params.items()
+        if isinstance(v, dict) or k in type_names or str(k).endswith("_attention")
+    )
+    if nested:
+        raise ConfigError(
+            f"{key}: RoPE parameters nested per layer type ({', '.join(nested)}) are not implemented, "
+            f"got {params!r}; expected one flat object such as "
+            '{"rope_type": "default", "rope_theta": 1000000.0}'
+        )
+    return key, params
 
 
 def _rope(cfg: dict) -> tuple[float, float]:

@@ -4,7 +4,8 @@ q/k/v projections are fused into one ``[q + 2 kv, H]`` matrix and gate/up into o
 ``[2 I, H]`` matrix at load time (one GEMM each instead of three and two). Each fused matrix
 is allocated once on the target device and filled slice by slice, so no step holds two
 copies of the model. Every tensor name, shape and dtype is checked against the config, the
-shapes from the file headers before anything is allocated.
+shapes from the file headers before anything is allocated, and every value is checked finite in
+the dtype the model computes in (a float32 value can be finite and overflow bfloat16).
 """
 
 from __future__ import annotations
@@ -188,6 +189,22 @@ def _allocate(
     return Weights(c, embed, layers, norm(c.hidden_size), lm_head, dtype)
 
 
+def _not_finite(file: Path, name: str, stored: torch.Tensor, dtype: torch.dtype) -> str:
+    """Why a tensor is not finite once converted to ``dtype``: NaN or inf stored, or finite values
+    past ``dtype``'s range (worked out on the error path only)."""
+    if not bool(torch.isfinite(stored).all()):
+        return f"{file}: tensor {name} holds NaN or inf values"
+    over = ~torch.isfinite(stored.to(dtype))
+    largest = stored[over].abs().max().item()
+    kind = str(dtype).removeprefix("torch.")
+    count = int(over.sum())
+    values = "1 value overflows" if count == 1 else f"{count} values overflow"
+    return (
+        f"{file}: tensor {name}: {values} {kind} (largest {largest:.3g}; "
+        f"{kind}'s max is {torch.finfo(dtype).max:.3g}), the dtype the model computes in"
+    )
+
+
 def load(
     directory: str | Path,
     config: ModelConfig,
@@ -244,8 +261,6 @@ def load(
                 f"{files[name]}: tensor {name} has dtype {tensor.dtype}, "
                 "expected bfloat16, float16 or float32"
             )
-        if not bool(torch.isfinite(tensor).all()):
-            raise WeightsError(f"{files[name]}: tensor {name} holds NaN or inf values")
         if name == "model.embed_tokens.weight":
             target = embed
         elif name == "model.norm.weight":
@@ -257,6 +272,10 @@ def load(
             field_name, rows = slices[rest]
             target = getattr(layers[int(index)], field_name)[rows]
         target.copy_(tensor)
+        # checked in the compute dtype, once converted: a finite float32 value past its range (3.4e38
+        # in bfloat16, 1e5 in float16) is inf there; one reduction, on the device
+        if not bool(torch.isfinite(target).all()):
+            raise WeightsError(_not_finite(files[name], name, tensor, dtype))
     if stored_head:
         [(_, head)] = list(_tensors(files, ["lm_head.weight"]))
         if tuple(head.shape) != tuple(embed.shape) or not torch.equal(head.to(dev, dtype), embed):

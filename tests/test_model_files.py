@@ -110,6 +110,44 @@ def test_bad_tensors_are_named(tmp_path: Path, edit, message: str) -> None:
         model_weights.load(tmp_path, cfg, "cpu")
 
 
+@pytest.mark.parametrize(
+    ("dtype", "big", "message"),
+    [
+        (
+            torch.bfloat16,
+            3.4e38,  # finite in float32, past bfloat16's rounding limit (~3.396e38): inf once converted
+            r"model\.safetensors: tensor model\.layers\.0\.mlp\.up_proj\.weight: 3 values overflow "
+            r"bfloat16 \(largest 3\.4e\+38; bfloat16's max is 3\.39e\+38\)",
+        ),
+        (
+            torch.float16,
+            1e5,
+            r"model\.safetensors: tensor model\.layers\.0\.mlp\.up_proj\.weight: 3 values overflow "
+            r"float16 \(largest 1e\+05; float16's max is 6\.55e\+04\)",
+        ),
+    ],
+)
+def test_finite_float32_values_that_overflow_the_compute_dtype_are_named(
+    tmp_path: Path, dtype: torch.dtype, big: float, message: str
+) -> None:
+    """The finiteness check is of the converted values: a float32 value finite as stored but inf
+    in the dtype the model computes in is a named error, not a model whose logits are NaN."""
+    cfg = TINY["qwen3"]
+    tensors = _tensors(cfg)
+    up = torch.zeros(model_weights.expected_shapes(cfg)["model.layers.0.mlp.up_proj.weight"])
+    up[0, :3] = torch.tensor([big, -big, big / 1.001])
+    tensors["model.layers.0.mlp.up_proj.weight"] = up  # float32, the rest bfloat16
+    _write(tmp_path, tensors, cfg)
+    assert torch.isfinite(up).all()
+    with pytest.raises(WeightsError, match=message):
+        model_weights.load(tmp_path, cfg, "cpu", dtype)
+    # within range (the dtype's max itself) it loads, the value kept
+    up[0, :3] = torch.finfo(dtype).max
+    _write(tmp_path, tensors, cfg)
+    w = model_weights.load(tmp_path, cfg, "cpu", dtype)
+    assert w.layers[0].gate_up[cfg.intermediate_size, 0] == torch.finfo(dtype).max
+
+
 def test_a_config_far_larger_than_its_checkpoint_is_named_before_allocating(tmp_path: Path) -> None:
     """The stored shapes come from the safetensors header: no fused matrix of the config's size
     (here terabytes) is allocated before the mismatch is found."""
@@ -254,6 +292,29 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         ({"rms_norm_eps": math.inf}, "rms_norm_eps: expected a positive finite number, got inf"),
         ({"eos_token_id": -1}, r"eos_token_id: expected token ids in \[0, 96\), got -1"),
         ({"eos_token_id": True}, r"eos_token_id: expected token ids in \[0, 96\), got True"),
+        # transformers 5's per-layer-type form: refused whatever it holds, even default RoPE
+        (
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                }
+            },
+            r"config\.json: rope_parameters: RoPE parameters nested per layer type "
+            r"\(full_attention, sliding_attention\) are not implemented",
+        ),
+        (
+            {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
+            r"rope_parameters: RoPE parameters nested per layer type \(full_attention\)",
+        ),
+        (
+            {"rope_scaling": {"full_attention": {"rope_type": "linear", "factor": 2.0}}},
+            r"rope_scaling: RoPE parameters nested per layer type \(full_attention\)",
+        ),
+        (  # a null entry: a layer type without RoPE (NoPE) in transformers
+            {"layer_types": ["full_attention"] * 2, "rope_parameters": {"full_attention": None}},
+            r"rope_parameters: RoPE parameters nested per layer type \(full_attention\)",
+        ),
     ],
 )
 def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: str) -> None:
