@@ -285,6 +285,24 @@ def test_a_bad_backend_setting_is_bad_usage(module: str, args: tuple[str, ...], 
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("module", ["verify.op", "verify.e2e", "verify.bisect"])
+def test_help_answers_whatever_the_backend_setting(module: str, monkeypatch) -> None:
+    """The setting is checked after the arguments are parsed: --help needs no working backend."""
+    monkeypatch.setenv("TRITONCHECK_BACKEND", "gpu")
+    run = cli(module, "--help")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith(f"usage: python -m {module}") and not run.stderr
+
+
+def test_a_layer_listed_twice_in_one_injection_is_named_so() -> None:
+    """Not "layer 0's rms_norm is already injected", which suggests another --inject did it."""
+    from verify.cli import UsageError
+    from verify.models import parse_injection
+
+    with pytest.raises(UsageError, match=r"^--inject 'rms_norm=f.py:g@0,1,0': layer 0 is listed twice$"):
+        parse_injection("rms_norm=f.py:g@0,1,0")
+
+
 # These commands force the interpreter, which import order concerns alone and a CUDA run of the
 # suite does not use (on the H200, 7 CLI tests failed, as many as these; the log was lost).
 interpreter_runs = pytest.mark.skipif(

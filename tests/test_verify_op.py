@@ -128,6 +128,27 @@ def test_a_timeout_of_zero_is_no_limit() -> None:
     assert seconds_or_none("0") is None and seconds_or_none("2.5") == 2.5
 
 
+def test_a_timeout_the_watchdogs_timer_cannot_take_is_refused() -> None:
+    """Past ``threading.TIMEOUT_MAX`` the timer's thread dies at once, leaving no watchdog."""
+    import argparse
+    import threading
+
+    from verify.cli import seconds_or_none
+
+    assert seconds_or_none(str(threading.TIMEOUT_MAX)) == threading.TIMEOUT_MAX
+    with pytest.raises(argparse.ArgumentTypeError, match="expected at most 9223372036 seconds"):
+        seconds_or_none("1e10")
+
+
+def test_a_json_report_that_cannot_be_written_exits_2() -> None:
+    """A write that fails at the end (a full disk) is an output problem, exit 2, not a traceback."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    run = verify_op("--list", "--json", "/dev/full")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr == "verify.op: --json /dev/full: No space left on device\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -157,6 +178,8 @@ def test_a_timeout_of_zero_is_no_limit() -> None:
         (("rms_norm", "--timeout", "nan"), "--timeout: expected seconds >= 0 (0: no limit), got nan"),
         (("rms_norm", "--timeout", "inf"), "--timeout: expected seconds >= 0 (0: no limit), got inf"),
         (("rms_norm", "--timeout", "5m"), "--timeout: expected a number of seconds, got '5m'"),
+        (("rms_norm", "--json", ""), "--json: the path is empty, expected a file path"),
+        (("--list", "--impl", "x:f", "--examples", "3"), "--list takes no option but --json (got --impl,"),
     ],
 )
 def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
@@ -312,3 +335,48 @@ def test_an_implementation_calling_sys_exit_gets_no_pass(tmp_path: Path) -> None
     run = verify_op("rms_norm", "--impl", f"{at_import}:rms_norm")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "failed: SystemExit" in run.stderr
+
+
+def test_recorded_tensors_without_data_or_a_strided_layout_exit_2(tmp_path: Path, capsys) -> None:
+    """A meta tensor (no data) or a sparse one cannot be copied with its layout: bad input, named."""
+    import torch
+
+    from verify import op
+
+    for name, x in (("meta", torch.empty(2, 8, device="meta")), ("sparse", torch.ones(2, 8).to_sparse())):
+        path = tmp_path / f"{name}.pt"
+        torch.save({"op": "rms_norm", "args": (x, torch.ones(8), 1e-6)}, path)
+        assert op.main(["rms_norm", "--inputs", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"--inputs {path}: argument #0 is a " in err, err
+        assert "expected a dense strided tensor with data" in err and "Traceback" not in err
+
+
+def test_an_impl_requiring_a_keyword_the_op_never_passes_is_refused() -> None:
+    """Every call would raise TypeError, judged a divergence: refused as bad usage instead."""
+    from references.norm import rms_norm
+    from verify.impl_loader import ImplError, check_signature
+
+    def kwonly(x, weight, eps, *, mode):
+        return x
+
+    def with_default(x, weight, eps, *, mode="fast", out=None):
+        return x
+
+    with pytest.raises(ImplError, match=r"requires the keyword-only argument 'mode'.*give it a default"):
+        check_signature(kwonly, rms_norm, "rms_norm")
+    check_signature(with_default, rms_norm, "rms_norm")
+
+
+def test_an_impl_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
+    """As ``python impl.py`` would; its directory is not left on ``sys.path`` afterwards."""
+    from verify import impl_loader
+
+    (tmp_path / "helpers_beside_impl.py").write_text("def norm(x, weight, eps):\n    return x\n")
+    (tmp_path / "impl.py").write_text("from helpers_beside_impl import norm\n\nf = norm\n")
+    path_before = list(sys.path)
+    try:
+        assert impl_loader.load(f"{tmp_path / 'impl.py'}:f").__name__ == "norm"
+    finally:
+        sys.modules.pop("helpers_beside_impl", None)
+    assert sys.path == path_before

@@ -412,16 +412,16 @@ def _injected_failure(json_path: str | None, report: Report, message: str, where
 
     print(f"\nDIVERGES: {message}\n{where}", end="", flush=True)
     report.raised, report.verdict = message, "DIVERGES"
-    cli.write_json(json_path, asdict(report))
+    cli.write_report_json("verify.bisect", json_path, asdict(report))
     return 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verify.cli import bad_environment
+    from verify.cli import parse_args
 
-    if bad_environment("verify.bisect"):  # first: the parser's model options import ops
+    args = parse_args("verify.bisect", _parser, argv)
+    if args is None:
         return 2
-    args = _parser().parse_args(argv)
     from model import reference, triton_model
     from ops import backend
     from verify import cli

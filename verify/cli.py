@@ -9,6 +9,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,15 +20,48 @@ class UsageError(Exception):
 
 
 def bad_environment(prog: str) -> bool:
-    """True, after saying so on stderr, when ``TRITONCHECK_BACKEND`` is bad. Importing ``ops``
-    selects the backend from it, so each CLI calls this first, to report a bad setting as bad
-    usage (exit 2), not as a traceback with exit 1, the code for a divergence."""
+    """True, after saying so on stderr, when ``TRITONCHECK_BACKEND`` is bad (exit 2, not a
+    traceback with exit 1, the code for a divergence)."""
+    problem = _environment_problem()
+    if problem is not None:
+        print(f"{prog}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
+def _environment_problem() -> str | None:
+    """Why ``TRITONCHECK_BACKEND`` is bad, or None: importing ``ops`` selects the backend from it."""
     try:
         import ops  # noqa: F401
     except (ValueError, RuntimeError) as exc:  # an unknown choice; cuda without a device
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return True
-    return False
+        return str(exc)
+    return None
+
+
+def parse_args(
+    prog: str, parser: Callable[[], argparse.ArgumentParser], argv: list[str] | None
+) -> argparse.Namespace | None:
+    """``argv`` parsed by the parser ``parser()`` builds, or None after saying that
+    ``TRITONCHECK_BACKEND`` is bad (exit 2). Building a parser imports ``ops`` (the watchdog's
+    default, the model options), which selects the backend from that setting; a bad one is set
+    aside while the parser is built, so that ``--help`` (and argparse's own errors) still answer."""
+    problem = _environment_problem()
+    if problem is None:
+        return parser().parse_args(argv)
+    saved = os.environ.get("TRITONCHECK_BACKEND")
+    os.environ["TRITONCHECK_BACKEND"] = "interpreter"  # needs no device; the run stops below anyway
+    try:
+        built = parser()
+    except (ValueError, RuntimeError):  # the backend cannot be set up at all: the setting is reported
+        built = None
+    finally:
+        if saved is None:
+            del os.environ["TRITONCHECK_BACKEND"]
+        else:
+            os.environ["TRITONCHECK_BACKEND"] = saved
+    if built is not None:
+        built.parse_args(argv)  # --help prints and exits 0 here; a usage error exits 2
+    print(f"{prog}: {problem}", file=sys.stderr)
+    return None
 
 
 EPILOG = (
@@ -39,13 +73,23 @@ EPILOG = (
 
 def exit_with(main: Callable[[], int]) -> None:
     """Run a CLI's ``main`` and exit with its status; Ctrl-C (an implementation that hangs, say)
-    ends it with the shell's 130 and one line, not a traceback from wherever it was."""
+    ends it with the shell's 130 and one line, not a traceback from wherever it was, and a
+    :class:`UsageError` raised late (a ``--json`` that cannot be written after all) with 2."""
     try:
         status = main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         status = 130
+    except UsageError as exc:
+        print(f"{_prog(main)}: {exc}", file=sys.stderr)
+        status = 2
     sys.exit(status)
+
+
+def _prog(main: Callable[[], int]) -> str:
+    """The CLI's name as ``python -m`` ran it (``verify.op``; ``verify.bench`` for its ``__main__``)."""
+    spec = getattr(sys.modules.get(main.__module__), "__spec__", None)
+    return spec.name.removesuffix(".__main__") if spec is not None else main.__module__
 
 
 def counted(n: int, noun: str) -> str:
@@ -65,13 +109,19 @@ def positive_int(text: str) -> int:
 
 
 def seconds_or_none(text: str) -> float | None:
-    """An argparse ``type`` for a time limit: seconds > 0, or 0 for none (None)."""
+    """An argparse ``type`` for a time limit: seconds > 0, or 0 for none (None). Past
+    ``threading.TIMEOUT_MAX`` (292 years on Linux) the watchdog's timer cannot be set: refused, not
+    left to die on its thread and watch nothing."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value >= 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), got {text}")
+    if value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {threading.TIMEOUT_MAX:.0f} seconds (0: no limit), got {text}"
+        )
     return value or None
 
 
@@ -85,7 +135,8 @@ def add_timeout_argument(parser: argparse.ArgumentParser, what: str) -> None:
         type=seconds_or_none,
         default=DEFAULT_S,
         metavar="SECONDS",
-        help=f"{what} taking longer is a hang: report it, exit 1 (default {DEFAULT_S:g}; 0: no limit)",
+        help=f"{what} taking longer is a hang: report it, exit 1 (default {DEFAULT_S:g}; 0: no limit; "
+        f"at most {threading.TIMEOUT_MAX:.0f})",
     )
 
 
@@ -94,6 +145,8 @@ def check_output_file(option: str, path: str | None) -> None:
     opening it for writing works (tried in append mode; a file made by the try is removed)."""
     if path is None:
         return
+    if not path:
+        raise UsageError(f"{option}: the path is empty, expected a file path")
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory, expected a file path")
@@ -122,6 +175,8 @@ def check_output_dir(option: str, path: str | None) -> None:
     and the nearest existing one takes a new directory."""
     if path is None:
         return
+    if not path:
+        raise UsageError(f"{option}: the path is empty, expected a directory path")
     for part in (Path(path), *Path(path).parents):
         if part.exists():
             if not part.is_dir():
@@ -137,10 +192,30 @@ def check_output_dir(option: str, path: str | None) -> None:
 
 def write_json(path: str | None, data: Any) -> None:
     """``data`` as strict JSON: NaN and infinities (an implementation's wrong values) as strings,
-    which jq and JavaScript read, where bare ``NaN`` is not JSON."""
-    if path:
+    which jq and JavaScript read, where bare ``NaN`` is not JSON. A write that fails even so (a full
+    disk) is a :class:`UsageError` naming ``--json``: an output problem, not a divergence."""
+    if not path:
+        return
+    try:
         with open(path, "w") as f:
             json.dump(_finite(data), f, indent=2, default=str, allow_nan=False)
+    except OSError as exc:
+        raise UsageError(f"--json {path}: {exc.strerror or exc}") from None
+
+
+def write_report_json(prog: str, path: str | None, data: Any) -> None:
+    """:func:`write_json` for a report that may run on the watchdog's thread, which ends the
+    process when the report returns, so an exception there would go unseen: a failed write is
+    said there and exits 2. On the main thread it raises, as :func:`write_json` does."""
+    try:
+        write_json(path, data)
+    except UsageError as exc:
+        if threading.current_thread() is threading.main_thread():
+            raise
+        print(f"{prog}: {exc}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
 
 
 def _finite(value: Any) -> Any:

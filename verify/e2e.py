@@ -340,16 +340,18 @@ def _injected_failure(json_path: str | None, run_json: dict, message: str, where
     from verify import cli
 
     print(f"triton: DIVERGES: {message}\n{where}", end="", flush=True)
-    cli.write_json(json_path, {**run_json, "verdicts": {"triton": "DIVERGES"}, "raised": message})
+    cli.write_report_json(
+        "verify.e2e", json_path, {**run_json, "verdicts": {"triton": "DIVERGES"}, "raised": message}
+    )
     return 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verify.cli import bad_environment
+    from verify.cli import parse_args
 
-    if bad_environment("verify.e2e"):  # first: the parser's model options import ops
+    args = parse_args("verify.e2e", _parser, argv)
+    if args is None:
         return 2
-    args = _parser().parse_args(argv)
     from model.reference import NonFiniteReference
     from ops import backend
     from verify import cli

@@ -26,11 +26,7 @@ def load(spec: str, option: str = "--impl") -> Callable:
             path = Path(target).resolve()
             if not path.is_file():
                 raise ImplError(f"{option}: no file {path}")
-            module_name = f"_impl_{path.stem}_{abs(hash(path)) % 10**8}"
-            loader_spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[module_name] = module
-            loader_spec.loader.exec_module(module)
+            module = _exec_file(path)
         else:
             module = importlib.import_module(target)
     except ImplError:
@@ -43,8 +39,27 @@ def load(spec: str, option: str = "--impl") -> Callable:
     return fn
 
 
+def _exec_file(path: Path):
+    """The module ``path`` holds, run with its directory first on ``sys.path`` as ``python
+    path`` would run it, so it imports the modules beside it; taken off again afterwards, so
+    later imports (another file's) do not search it."""
+    module_name = f"_impl_{path.stem}_{abs(hash(path)) % 10**8}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    directory = str(path.parent)
+    sys.path.insert(0, directory)
+    try:
+        loader_spec.loader.exec_module(module)
+    finally:
+        if directory in sys.path:  # unless the module took it off itself
+            sys.path.remove(directory)
+    return module
+
+
 def check_signature(fn: Callable, reference: Callable, op: str, option: str = "--impl") -> None:
-    """The outside function must take the op's positional arguments (extra ones need defaults).
+    """The outside function must take the op's positional arguments (extra ones, keyword-only
+    ones too, need defaults).
 
     Its own names for them are its business, but a contract name at another position is an
     argument order that would be judged as a divergence: refused as bad usage instead.
@@ -54,6 +69,12 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return  # builtins without a signature: let the call decide
+    keyword_only = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    if keyword_only:  # the op's arguments come by position; its keywords (out=, ...) only at times
+        raise ImplError(
+            f"{option}: {fn.__name__} requires the keyword-only argument {keyword_only[0]!r}, which "
+            f"{op} is not called with (its signature: {', '.join(want)}): give it a default"
+        )
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -115,6 +115,9 @@ def parse_injection(text: str) -> Injection:
         numbers = tuple(int(n) for n in layers.split(","))
     except ValueError:
         raise UsageError(f"--inject {text!r}: layers must be a number, a comma list or 'all'") from None
+    twice = next((n for i, n in enumerate(numbers) if n in numbers[:i]), None)
+    if twice is not None:  # not "already injected" by itself, as a second --inject would be
+        raise UsageError(f"--inject {text!r}: layer {twice} is listed twice")
     return Injection(op, impl, numbers)
 
 

@@ -76,6 +76,26 @@ def _list_ops(json_path: str | None) -> int:
     return 0
 
 
+def _check_list_options(args: argparse.Namespace) -> None:
+    """``--list`` uses ``--json`` alone: any other option would be ignored, so it is refused."""
+    from verify.cli import UsageError
+    from verify.watchdog import DEFAULT_S
+
+    given = [
+        option
+        for option, value in (
+            ("--impl", args.impl),
+            ("--examples", args.examples),
+            ("--seed", args.seed),
+            ("--case", args.case),
+            ("--inputs", args.inputs),
+        )
+        if value is not None
+    ] + (["--timeout"] if args.timeout != DEFAULT_S else [])
+    if given:
+        raise UsageError(f"--list takes no option but --json (got {', '.join(given)})")
+
+
 def _coverage_lines(coverage) -> list[str]:
     return [
         f"    {label:<28} {count}"
@@ -84,11 +104,11 @@ def _coverage_lines(coverage) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verify.cli import bad_environment
+    from verify.cli import parse_args
 
-    if bad_environment("verify.op"):
+    args = parse_args("verify.op", _parser, argv)
+    if args is None:
         return 2
-    args = _parser().parse_args(argv)
     from hypothesis import settings
 
     import registry
@@ -106,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.name:
                 raise cli.UsageError(f"--list lists every op; it takes no op name (got {args.name!r})")
+            _check_list_options(args)
             cli.check_output_file("--json", args.json)
         except cli.UsageError as exc:
             print(f"verify.op: {exc}", file=sys.stderr)
@@ -241,7 +262,8 @@ def _hang_report(spec, label: str, impl_label: str | None, json_path: str | None
         )
         print(f"DIVERGES: a case ran past the {limit} limit; the run stops there")
         print("  " + result.describe().replace("\n", "\n  "), flush=True)
-        cli.write_json(
+        cli.write_report_json(
+            "verify.op",
             json_path,
             {
                 "op": spec.name,
@@ -358,9 +380,21 @@ def _recorded_case(spec, path: str):
         inspect.signature(spec.reference).bind(*saved["args"])
     except TypeError as exc:
         raise UsageError(f"--inputs {path}: the arguments do not fit {spec.name}: {exc}") from None
+    for i, arg in enumerate(saved["args"]):
+        if isinstance(arg, torch.Tensor) and (arg.layout != torch.strided or arg.is_meta):
+            kind = "a meta tensor (no data)" if arg.is_meta else f"a {arg.layout} tensor"
+            raise UsageError(
+                f"--inputs {path}: argument #{i} is {kind}; expected a dense strided tensor with data"
+            )
     device = backend.device()
-    args = saved["args"]
-    moved = tuple(clone_preserving_layout(a, device) if isinstance(a, torch.Tensor) else a for a in args)
+    try:
+        moved = tuple(
+            clone_preserving_layout(a, device) if isinstance(a, torch.Tensor) else a for a in saved["args"]
+        )
+    except Exception as exc:  # a tensor of some other kind torch cannot copy with its layout
+        raise UsageError(
+            f"--inputs {path}: not inputs saved by verify.bisect ({type(exc).__name__}: {exc})"
+        ) from None
     return recorded(path, moved)
 
 
