@@ -311,15 +311,51 @@ def test_every_choice_field_of_every_op_is_strict() -> None:
 
 
 def test_recorded_inputs_the_reference_cannot_take_exit_2(tmp_path: Path) -> None:
-    """Ids past the table make the reference raise: the recording is bad input, not a divergence
+    """A table with no rows makes the reference raise: the recording is bad input, not a divergence
     of the implementation (and no traceback)."""
     import torch
 
-    path = tmp_path / "oob.pt"
-    torch.save({"op": "embedding", "args": (torch.tensor([[7]], dtype=torch.int32), torch.zeros(5, 8))}, path)
+    path = tmp_path / "empty_table.pt"
+    torch.save({"op": "embedding", "args": (torch.tensor([[0]], dtype=torch.int32), torch.zeros(0, 8))}, path)
     run = verify_op("embedding", "--inputs", str(path), "--impl", "references.embedding:embedding")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "not a valid embedding call: the reference raised IndexError" in run.stderr
+
+
+def test_a_recorded_call_breaking_a_rule_no_kernel_can_check_exits_2(tmp_path: Path) -> None:
+    """``seq_len < S`` lives on the device, where a kernel in a CUDA Graph cannot check it: such a
+    recording is bad input whoever is tested, not a divergence of the registered kernel."""
+    import torch
+
+    q, cache = torch.randn(1, 2, 1, 16).to(torch.bfloat16), torch.randn(1, 4, 1, 16).to(torch.bfloat16)
+    path = tmp_path / "short.pt"
+    torch.save(
+        {"op": "attention", "args": (q, cache, cache.clone(), torch.tensor([1], dtype=torch.int32), 0.25)},
+        path,
+    )
+    for impl in ((), ("--impl", "references.attention:attention")):
+        run = verify_op("attention", "--inputs", str(path), *impl)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert "not a valid attention call: seq_lens: row 0 is 1, fewer than its 2 new tokens" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("head_gap", -2, "expected a whole number >= 0"),
+        ("lead", [], "expected a non-empty list of whole numbers >= 0"),
+        ("lead", [3.5], "expected a non-empty list of whole numbers >= 0"),
+        ("lead", [-3], "expected a non-empty list of whole numbers >= 0"),
+    ],
+)
+def test_a_case_field_outside_what_strategies_draw_exits_2(field: str, value: object, expected: str) -> None:
+    """A negative size would build another case than the one printed (a negative gap, no gap):
+    refused naming the field, before anything is built."""
+    case = {"dist": "normal", "dtype": "bfloat16", "eps": 1e-6, "head_gap": 0, "lead": [3], "n": 8,
+            "pad": 0, "seed": 0, "weight": "normal", field: value}  # fmt: skip
+    run = verify_op("rms_norm", "--case", json.dumps(case))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"--case: field {field!r} is {value!r}; {expected}" in run.stderr
 
 
 def test_an_implementation_calling_sys_exit_gets_no_pass(tmp_path: Path) -> None:

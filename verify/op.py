@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.examples is not None or args.seed is not None:
                 raise cli.UsageError(f"{source} runs one case: --examples and --seed do not apply")
             case = _recorded_case(spec, args.inputs) if args.inputs else _given_case(spec, args.case)
+            broken = spec.precondition(*case.args, **case.kwargs) if spec.precondition else None
+            if broken:
+                raise cli.UsageError(f"{source}: not a valid {spec.name} call: {broken}")
         except cli.UsageError as exc:
             print(f"verify.op: {exc}", file=sys.stderr)
             return 2
@@ -324,6 +327,20 @@ def _same_kind(value: object, like: object) -> bool:
     return isinstance(value, type(like))
 
 
+def _out_of_domain(value: object, known: list) -> str | None:
+    """What a field's value must be that its kind alone does not say: every count, size, offset
+    and seed a strategy draws is a whole number >= 0 (a negative one would build another case
+    than the one printed), and a list (of dims) holds such numbers, at least one."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float) and all(isinstance(k, int) and not isinstance(k, bool) for k in known):
+        return None if value >= 0 else "a whole number >= 0"
+    if isinstance(value, list) and all(isinstance(k, list) and k for k in known):
+        ok = value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        return None if ok else "a non-empty list of whole numbers >= 0"
+    return None
+
+
 def _given_case(spec, text: str):
     """The case a ``--case`` JSON object describes (a repro command's), built on the backend's device."""
     from ops import backend
@@ -347,6 +364,9 @@ def _given_case(spec, text: str):
             raise UsageError(
                 f"--case: field {name!r} is {value!r}; expected {type(like).__name__}, e.g. {like!r}"
             )
+        problem = _out_of_domain(value, known[name])
+        if problem:
+            raise UsageError(f"--case: field {name!r} is {value!r}; expected {problem}")
     try:
         return spec.build(params, backend.device())
     except KeyError as exc:
