@@ -285,13 +285,13 @@ def test_a_bad_backend_setting_is_bad_usage(module: str, args: tuple[str, ...], 
     assert "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("module", ["verify.op", "verify.e2e", "verify.bisect"])
-def test_help_answers_whatever_the_backend_setting(module: str, monkeypatch) -> None:
+@pytest.mark.parametrize("command", ["verify.op", "verify.e2e", "verify.bisect", "verify.bench model"])
+def test_help_answers_whatever_the_backend_setting(command: str, monkeypatch) -> None:
     """The setting is checked after the arguments are parsed: --help needs no working backend."""
     monkeypatch.setenv("TRITONCHECK_BACKEND", "gpu")
-    run = cli(module, "--help")
+    run = cli(*command.split(), "--help")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.startswith(f"usage: python -m {module}") and not run.stderr
+    assert run.stdout.startswith(f"usage: python -m {command}") and not run.stderr
 
 
 def test_a_layer_listed_twice_in_one_injection_is_named_so() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 SUITES = {
@@ -28,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from verify.cli import bad_environment
 
-    if bad_environment("python -m verify.bench"):
+    if {"-h", "--help"} & set(argv[1:]):  # a suite's help runs no kernel: any backend will do to print it
+        os.environ["TRITONCHECK_BACKEND"] = "interpreter"
+    elif bad_environment("python -m verify.bench"):
         return 2
     module = importlib.import_module(f"verify.bench.{argv[0]}")
     return module.main(argv[1:])
