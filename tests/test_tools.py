@@ -294,6 +294,19 @@ def test_help_answers_whatever_the_backend_setting(command: str, monkeypatch) ->
     assert run.stdout.startswith(f"usage: python -m {command}") and not run.stderr
 
 
+def test_a_checkpoint_that_decides_no_token_is_named_untestable() -> None:
+    """Every logit tying (noise 0, so no drift check, and every margin 0): any token would pass,
+    so the run is refused rather than reported as parity. A drift check, or one decided step,
+    makes the run a test again."""
+    from verify.e2e import Step, untestable
+
+    ties = [Step(i, 16 + i, 0, 0.0) for i in range(3)]
+    flat = {"near_tie_tolerance": 0.0, "drift_tolerance": None}
+    assert "the checkpoint decides no token" in untestable(ties, flat)
+    assert untestable(ties, {**flat, "drift_tolerance": 0.5}) is None
+    assert untestable([*ties, Step(3, 19, 0, 0.25)], flat) is None
+
+
 def test_a_layer_listed_twice_in_one_injection_is_named_so() -> None:
     """Not "layer 0's rms_norm is already injected", which suggests another --inject did it."""
     from verify.cli import UsageError

@@ -431,11 +431,30 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = {name: _verdict(name, steps, drift) for name in names}
     if tokenizer is not None:
         print("text:", tokenizer.decode([s.ref_token for s in steps]))
+    undecided = untestable(steps, calibration)
     cli.write_json(
         args.json,
-        {**run_json, "calibration": calibration, "verdicts": verdicts, "steps": [asdict(s) for s in steps]},
-    )
+        {**run_json, "calibration": calibration, "verdicts": verdicts, "steps": [asdict(s) for s in steps],
+         "untestable": undecided},
+    )  # fmt: skip
+    if undecided:
+        print(f"verify.e2e: {undecided}", file=sys.stderr)
+        return 2
     return 0 if set(verdicts.values()) <= {"parity", "near-ties"} else 1
+
+
+def untestable(steps: list[Step], calibration: dict) -> str | None:
+    """Why this checkpoint cannot fail the run, or None: with no drift check (a logits noise of 0)
+    only tokens are judged, and where the reference's top token wins by no more than the near-tie
+    tolerance at every step, any token passes (an embedding so large that every logit ties)."""
+    tolerance = calibration["near_tie_tolerance"]
+    if calibration["drift_tolerance"] is not None or any(s.ref_margin > tolerance for s in steps):
+        return None
+    return (
+        f"the checkpoint decides no token: the reference's top-1 margin is at most {tolerance:.4g} "
+        f"(the near-tie tolerance) at every step and the logits noise is 0 (no drift check), so any "
+        f"token would pass; a checkpoint whose top tokens win by a margin is needed"
+    )
 
 
 if __name__ == "__main__":
