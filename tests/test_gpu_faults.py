@@ -31,8 +31,12 @@ def test_an_illegal_address_is_reported_against_its_case(tmp_path: Path) -> None
     assert "implementation raised" in run.stdout and "illegal memory access" in run.stdout
     data = json.loads(report.read_text())
     assert data["device_lost"] and not data["passed"]
-    in_table = verify_op("embedding", "--impl", impl, "--examples", "5")
-    assert in_table.returncode == 0, in_table.stdout + in_table.stderr  # right wherever ids are in the table
+    in_table = {"b": 2, "s": 5, "vocab": 100, "hidden": 33, "ids": "random", "id_dtype": "int64", "offset": 1,
+                "dtype": "bfloat16", "dist": "normal", "seed": 0}  # fmt: skip
+    run = verify_op("embedding", "--impl", impl, "--case", json.dumps(in_table))
+    assert run.returncode == 0, run.stdout + run.stderr  # right wherever ids are in the table
+    drawn = verify_op("embedding", "--impl", impl, "--examples", "20")  # the strategy's "outside" ids
+    assert drawn.returncode == 1 and '"ids":"outside"' in drawn.stdout, drawn.stdout + drawn.stderr
 
 
 def test_a_kernel_that_never_returns_is_stopped_by_the_watchdog() -> None:
