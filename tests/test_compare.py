@@ -598,3 +598,21 @@ def test_scratch_is_poisoned_before_the_implementation_runs() -> None:
 
     assert check(spec, case, reads_old_scratch).passed
     assert torch.isnan(seen[0]).all()
+
+
+def test_failing_elements_are_narrowed_down_per_dim() -> None:
+    """A tail, every other head, one row: the pattern of the failing indices, where it narrows
+    anything down; nothing where every index of every dim fails, or nothing does."""
+    from verify.compare import failing_extent
+
+    tail = torch.zeros(3, 65, dtype=torch.bool)
+    tail[:, 48:] = True
+    assert failing_extent(tail) == "dim 0 all 3; dim 1 at 48-64 of 65"
+    heads = torch.zeros(1, 2, 8, 4, dtype=torch.bool)
+    heads[:, :, 1::2] = True
+    assert failing_extent(heads) == "dim 0 all 1; dim 1 all 2; dim 2 at 1, 3, 5, 7 of 8; dim 3 all 4"
+    scattered = torch.zeros(20, dtype=torch.bool)
+    scattered[::2] = True
+    assert failing_extent(scattered) == "dim 0 at 0, 2, 4, 6, 8, 10, ... of 20"
+    assert failing_extent(torch.ones(2, 3, dtype=torch.bool)) == ""
+    assert failing_extent(torch.zeros(2, 3, dtype=torch.bool)) == ""

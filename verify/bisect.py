@@ -181,8 +181,9 @@ def check_recorded_ops(
             file.parent.mkdir(parents=True, exist_ok=True)  # --repro-dir is made when first needed
             torch.save({"op": call.op, "args": on_cpu}, file)
         worst = next((o for o in result.outputs if not o.passed), None)
+        where = f"; failing elements: {worst.failing_at}" if worst and worst.failing_at else ""
         detail = result.error or (
-            worst.reason if worst else "; ".join(o.reason for o in result.outputs if o.reason)
+            worst.reason + where if worst else "; ".join(o.reason for o in result.outputs if o.reason)
         )
         results.append(
             OpResult(

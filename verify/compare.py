@@ -53,6 +53,31 @@ class OutputReport:
     ref_value: float | None = None
     bound: float | None = None
     used: float | None = None  # error over bound at the worst element (1 = at the limit); None: exact
+    failing_at: str = ""  # which indices of each dim hold the failing elements, where not all do
+
+
+def failing_extent(bad: torch.Tensor) -> str:
+    """Where along each dim the failing elements lie, when that narrows them down ("dim 1 at 48-64
+    of 65": a tail; "dim 2 at 1, 3, 5, 7 of 8": every other head), else "": the pattern often
+    names the bug before the numbers do."""
+    if bad.ndim == 0 or not bad.any():
+        return ""
+    parts, narrowed = [], False
+    for d, size in enumerate(bad.shape):
+        hit = bad.movedim(d, 0).reshape(size, -1).any(dim=1).nonzero().flatten().tolist()
+        if len(hit) == size:
+            parts.append(f"dim {d} all {size}")
+            continue
+        narrowed = True
+        runs: list[list[int]] = []
+        for i in hit:
+            if runs and i == runs[-1][1] + 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        shown = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:6]]
+        parts.append(f"dim {d} at {', '.join(shown)}{', ...' if len(runs) > 6 else ''} of {size}")
+    return "; ".join(parts) if narrowed else ""
 
 
 def _share(error: torch.Tensor | float, bound: torch.Tensor | float) -> float:
@@ -115,6 +140,8 @@ class CheckResult:
             )
             if o.reason:
                 lines.append(f"    {o.reason}")
+            if o.failing_at:
+                lines.append(f"    failing elements: {o.failing_at}")
             if o.worst_index is not None:
                 bound = f" (bound {o.bound:.3g})" if o.bound is not None else ""
                 diffs = f"max abs diff {o.max_abs:.4g}{bound}, mean abs diff {o.mean_abs:.4g}"
@@ -296,6 +323,7 @@ def judge(
             f"{reason}; first at {first}: impl {a[first].item()!r} vs reference {r[first].item()!r}"
         )
         report.worst_index, report.impl_value, report.ref_value = first, a[first].item(), r[first].item()
+        report.failing_at = failing_extent(mask)
         return report
 
     if tol.rule == "exact" or not impl.dtype.is_floating_point:
@@ -305,6 +333,7 @@ def judge(
                 False,
                 f"{int(wrong.sum())} of {a.numel()} elements differ (exact rule)",
             )
+            report.failing_at = failing_extent(wrong)
         return report
 
     if tol.rule == "allclose":
@@ -322,6 +351,7 @@ def judge(
                 f"atol={tol.atol:g} + rtol={tol.rtol:g} * |ref|"
             )
             report.bound = float(bound[idx])
+            report.failing_at = failing_extent(over)
         return report
 
     # max_error_ratio: judge the implementation's distance to the fp64 oracle against plain torch's
@@ -358,6 +388,8 @@ def judge(
             f"error vs fp64 oracle {err_impl:.4g} > {tol.max_error_ratio:g} x plain {report.dtype} "
             f"torch error {err_lowp:.4g} + floor {floor:.3g}"
         )
+        off = torch.where(fin, (a - o).abs(), torch.zeros_like(o)).nan_to_num(nan=float("inf"))
+        report.failing_at = failing_extent((off > report.bound) | (overflow & (a != o_rounded)))
     else:
         report.reason = f"error vs fp64 oracle {err_impl:.3g}; plain {report.dtype} torch {err_lowp:.3g}"
     return report
