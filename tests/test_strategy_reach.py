@@ -42,26 +42,40 @@ ROPE_KV_STORE = (
     "layout heads_padded", "rotary half", "cos/sin seq_slice",
 )  # fmt: skip
 
+DTYPES = ("dtype bfloat16", "dtype float16", "dtype float32")
+LAYOUTS = ("x contiguous", "x column_slice", "weight contiguous", "weight row_slice", "weight column_slice")
+KV_LAYOUTS = ("k/v qkv_slices", "k/v k_contiguous", "k/v v_contiguous")
+ROPE_KV_LAYOUTS = tuple(f"layout {k}" for k in ("separate", "mixed", "fused_padded"))
+
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "embedding": ("S = 1", "V tail", "H tail", "ids edges", "ids int32", "ids int64", "ids outside"),
+    "embedding": (
+        "S = 1",
+        "V tail",
+        "H tail",
+        "ids edges",
+        "ids repeated",
+        "ids int32",
+        "ids int64",
+        "ids outside",
+    ),
     "rms_norm": (*SHAPES, "3-d input", "values zeros", "large magnitude"),
     "add_rms_norm": (*SHAPES, "values zeros"),
     "add": SHAPES,
     "silu_mul": (*SHAPES, "large magnitude"),
     "rope_cos_sin": ROPE_COS_SIN,
     "apply_rope": APPLY_ROPE,
-    "kv_cache_store": ("S = 1", "L = 1", *STARTS, "k/v qkv_slices"),
-    "rope_kv_store": (*STARTS, *ROPE_KV_STORE),
-    "argmax": ("B = 1", "V = 1", "pattern ties", "pattern nan", "pattern neg_inf"),
+    "kv_cache_store": ("S = 1", "L = 1", *STARTS, *KV_LAYOUTS),
+    "rope_kv_store": (*STARTS, *ROPE_KV_STORE, *ROPE_KV_LAYOUTS),
+    "argmax": ("B = 1", "V = 1", "pattern ties", "pattern nan", "pattern neg_inf", "non-contiguous"),
     "attention": (*ATTENTION, "decode path", "prefill path"),
     "attention_prefill": ATTENTION,
     "attention_decode": ATTENTION,
-    "linear": (*GEMM, "bias", "no bias", "x transposed", "weight transposed"),
-    "linear_splitk": (*GEMM, "K not divisible by split_k", "preallocated partials", "split_k 16"),
+    "linear": (*GEMM, "bias", "no bias", "x transposed", "weight transposed", *LAYOUTS),
+    "linear_splitk": (*GEMM, "K not divisible by split_k", "preallocated partials", "split_k 16", *LAYOUTS),
     "splitk_reduce": ("M = 1", "N tail", "1 splits", "16 splits", "31 splits"),
-    "add_rms_norm_linear": (*GEMM, "bias", "fused gemv", "composed (M > 4)"),
+    "add_rms_norm_linear": (*GEMM, "bias", "fused gemv", "composed (M > 4)", *LAYOUTS),
     "add_rms_norm_linear_silu_mul": (*GEMM, "fused gemv", "composed (M > 4)"),
-    "add_rms_norm_linear_rope_kv_store": FUSED_QKV,
+    "add_rms_norm_linear_rope_kv_store": (*FUSED_QKV, "fused gemv", "rotary half"),
 }
 
 
@@ -82,7 +96,8 @@ def test_strategy_reaches_the_named_edges(op: str) -> None:
         seen.update(spec.build(params, device).labels)
 
     draw()
-    missing = [label for label in REQUIRED[op] if label not in seen]
+    wanted = REQUIRED[op] + (DTYPES if op != "rope_cos_sin" else ())  # rope_cos_sin: fp32 tables only
+    missing = [label for label in wanted if label not in seen]
     assert not missing, f"{op}: 300 draws never reached {missing}"
 
 

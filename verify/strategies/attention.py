@@ -126,10 +126,10 @@ def attention_build(params: dict, device: torch.device) -> Case:
     qkv[:, :, off : off + hq] = q.to(dtype)
     q_view = qkv[:, :, off : off + hq]
     args = (q_view, k.to(dtype), v.to(dtype), seq_lens, 1.0 / math.sqrt(d))
-    return Case(params, args, labels=_labels(params))
+    return Case(params, args, labels=_labels(params, seq_lens))
 
 
-def _labels(params: dict) -> tuple[str, ...]:
+def _labels(params: dict, seq_lens: torch.Tensor) -> tuple[str, ...]:
     s, past, g = params["s"], params["past"], params["group"]
     out = labels_for(params, S=s, L=capacity(params), B=params["b"])
     out += [f"GQA group {g}", f"head_dim {params['head_dim']}", f"scores {params['scores']}"]
@@ -142,7 +142,7 @@ def _labels(params: dict) -> tuple[str, ...]:
         out.append(f"seq_lens {params['lens']}")
     elif params["lens"] == "past_capacity":
         out.append("seq_len past capacity")
-    if params["slack"] or params["lens"] == "ragged":
+    if bool((seq_lens < capacity(params)).any()):  # garbage rows a kernel must not read
         out.append("stale cache rows past seq_len")
     out.append("non-contiguous")
     return tuple(out)

@@ -43,6 +43,7 @@ def embedding_build(params: dict, device: torch.device) -> Case:
         info = torch.iinfo(getattr(torch, id_dtype))
         bad = torch.tensor([-1, vocab, info.max, info.min], device=device)
         buffer = torch.where(buffer % 3 == 0, bad[buffer % 4], buffer)
+        buffer[:, offset] = bad[buffer[:, offset + 1] % 4]  # at least one in every row
     ids = buffer.to(getattr(torch, id_dtype))[:, offset : offset + s]
     labels = labels_for(params, S=s, H=params["hidden"], V=vocab)
     labels += [f"ids {params['ids']}", f"ids {params['id_dtype']}"]

@@ -16,7 +16,7 @@ from verify.strategies.common import BOOLS, Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
 from verify.strategies.kv_cache import STARTS, _starts
 from verify.strategies.norm import NORM_WEIGHTS
-from verify.strategies.rope import BASES, TABLES, rope_tables, rotary_dim_of
+from verify.strategies.rope import BASES, TABLES, rope_tables, rotary_dim_of, rotary_label
 from verify.strategies.rope_kv_store import token_budget
 
 ROW_LAYOUTS = ("contiguous", "column_slice")  # the fused kernels need unit stride along K
@@ -260,7 +260,7 @@ def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) 
     labels += [
         "fused gemv" if b * s <= 4 and params["rotary"] == "full" else "composed",
         f"group {params['group']}",
-        f"rotary {params['rotary']}",
+        rotary_label(params),
         f"start {params['starts']}",
         f"weight {params['w_layout']}",
         f"x {params['x_layout']}",

@@ -42,8 +42,9 @@ def _starts(params: dict, gen: torch.Generator, device: torch.device) -> torch.T
         start = torch.zeros(b, dtype=torch.int64, device=device)
     elif starts == "end":  # the last rows of the cache
         start = torch.full((b,), cap - s, device=device)
-    elif starts == "overflow":  # some rows fall past the capacity and must be dropped
-        start = torch.randint(max(0, cap - s), cap, (b,), generator=gen, device=device)
+    elif starts == "overflow":  # at least the last row falls past the capacity (all of them from
+        # a start at or past it, as a decode into a full cache): those rows must be dropped
+        start = torch.randint(cap - s + 1, cap + 3, (b,), generator=gen, device=device)
     elif starts == "underflow":  # a negative start: the rows before row 0 must be dropped
         start = torch.randint(-s, 0, (b,), generator=gen, device=device)
     else:

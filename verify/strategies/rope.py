@@ -116,6 +116,13 @@ def rotary_dim_of(params: dict) -> int:
     return max(2, rd - rd % 2)
 
 
+def rotary_label(params: dict) -> str:
+    """The share of head_dim that is rotated, as drawn: a small head rounds "half" or "quarter"
+    up to 2 dims, which can be all of them (or half)."""
+    d, rd = params["head_dim"], rotary_dim_of(params)
+    return "rotary " + {d: "full", d / 2: "half", d / 4: "quarter"}.get(rd, "partial")
+
+
 def apply_rope_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     b, s, h, d, off = params["b"], params["s"], params["heads"], params["head_dim"], params["head_offset"]
@@ -125,7 +132,7 @@ def apply_rope_build(params: dict, device: torch.device) -> Case:
     tables = choice(params, "tables", TABLES, "shared")
     cos, sin = rope_tables(_positions(params, gen, device), rotary_dim_of(params), params["base"], tables)
     labels = labels_for(params, S=s, H=h, D=d)
-    labels += [f"rotary {params['rotary']}", f"cos/sin {tables}", "non-contiguous"]
+    labels += [rotary_label(params), f"cos/sin {tables}", "non-contiguous"]
     if pad:
         labels.append("heads padded")
     return Case(params, (x, cos, sin), labels=tuple(labels))

@@ -23,6 +23,7 @@ from verify.strategies.rope import (
     TABLES,
     rope_tables,
     rotary_dim_of,
+    rotary_label,
 )
 
 # q, k, v: head slices of one QKV row (padded: a wider row), three contiguous tensors, or mixed
@@ -108,7 +109,7 @@ def rope_kv_store_build(params: dict, device: torch.device) -> Case:
         "decode (S = 1)" if s == 1 else "prefill (S > 1)",
         f"start {params['starts']}",
         f"group {params['group']}",
-        f"rotary {params['rotary']}",
+        rotary_label(params),
         "qk-norm" if qk_norm else "no qk-norm",
         f"layout {params['layout']}",
         f"cos/sin {tables}",
