@@ -185,6 +185,7 @@ ATTENTION_EXAMPLES = (
     _example("decode, seq_lens past a capacity one short of a tile", 2, 1, 1, 16, 1, 14, 0,
              lens="past_capacity", gpu=False),
     _example("chunked prefill, large scores", 1, 1, 4, 32, 20, 10, 2, scores="large", gpu=False),
+    _example("prefill, tied scores, 2-way GQA", 1, 2, 2, 16, 17, 0, 0, scores="ties", gpu=False),
     _example("decode, a short ragged batch in a long cache (splits spread by length)", 2, 1, 4, 16, 1, 40,
              200, lens="ragged", gpu=False),
     _example("article prefill S=256", 1, 2, 4, 128, 256, 0, 0, q_offset=2),
