@@ -186,6 +186,7 @@ ATTENTION_EXAMPLES = (
              lens="past_capacity", gpu=False),
     _example("chunked prefill, large scores", 1, 1, 4, 32, 20, 10, 2, scores="large", gpu=False),
     _example("prefill, tied scores, 2-way GQA", 1, 2, 2, 16, 17, 0, 0, scores="ties", gpu=False),
+    _example("2 new tokens after 30, 4-way GQA (decode kernels)", 1, 1, 4, 32, 2, 30, 3, gpu=False),
     _example("decode, a short ragged batch in a long cache (splits spread by length)", 2, 1, 4, 16, 1, 40,
              200, lens="ragged", gpu=False),
     _example("article prefill S=256", 1, 2, 4, 128, 256, 0, 0, q_offset=2),

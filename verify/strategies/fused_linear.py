@@ -133,6 +133,7 @@ ADD_RMS_NORM_LINEAR_EXAMPLES = (
         w_layout="row_slice",
         gpu=False,
     ),
+    _norm_example("two rows (M=2) on the gemv path, N and K tails", 2, 37, 45, gpu=False),
     *_norm_projection_examples(),
     _norm_example("split-K gemv: N=64, K=4000 (K tail), large values", 1, 64, 4000, dist="large"),
     _norm_example(

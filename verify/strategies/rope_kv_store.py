@@ -150,6 +150,7 @@ ROPE_KV_STORE_EXAMPLES = (
         "typical: 2 x 3 tokens, 4 q + 2 kv heads of 34, partial rotary, qk-norm",
         2, 3, 9, 2, 2, 34, rotary="half", qk_norm=True, gpu=False,
     ),
+    _example("decode into the last row, 7-way GQA, head_dim 16", 1, 1, 9, 1, 7, 16, starts="end", gpu=False),
     _example("article decode (8 q + 2 kv heads x 128), last cache row", 1, 1, 4096, 2, 4, 128, starts="end"),
     _example("qwen3-0.6b decode with qk-norm (16 q + 8 kv heads x 128)", 1, 1, 4096, 8, 2, 128, qk_norm=True),
     _example("qwen2.5-0.5b prefill 256 (14 q + 2 kv heads x 64)", 1, 256, 4096, 2, 7, 64, starts="zero"),
