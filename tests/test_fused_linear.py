@@ -191,18 +191,20 @@ def test_swiglu_epilogue_refuses_what_cannot_take_it() -> None:
 
 
 ROPE_OP = "add_rms_norm_linear_rope_kv_store"
-ROPE_SHAPES = [  # b, s, (kv heads, q heads per kv head, head_dim), K, dtype, bias
-    (1, 1, (2, 2, 16), 129, "bfloat16", True),
-    (2, 2, (1, 3, 34), 128, "float16", False),  # M = 4; 17 pairs a head, so programs straddle heads
-    (3, 1, (2, 1, 2), 100, "float32", True),  # one pair a head
+ROPE_SHAPES = [  # b, s, (kv heads, q heads per kv head, head_dim), K, dtype, bias, cache rows written
+    (1, 1, (2, 2, 16), 129, "bfloat16", True, "end"),  # the last row
+    (2, 2, (1, 3, 34), 128, "float16", False, "overflow"),  # M = 4; 17 pairs a head, programs straddle heads
+    (3, 1, (2, 1, 2), 100, "float32", True, "overflow"),  # one pair a head; decode into a full cache
 ]
 
 
-def _rope_params(b: int, s: int, heads: tuple[int, int, int], k: int, dtype: str, bias: bool) -> dict:
+def _rope_params(
+    b: int, s: int, heads: tuple[int, int, int], k: int, dtype: str, bias: bool, starts: str
+) -> dict:
     kv_heads, group, head_dim = heads
     spec = registry.get(ROPE_OP)
     shape = {"b": b, "m": s, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "k": k}
-    return {**spec.typical, **shape, "dtype": dtype, "bias": bias, "starts": "overflow"}
+    return {**spec.typical, **shape, "dtype": dtype, "bias": bias, "starts": starts}
 
 
 def _rope_table_key(params: dict) -> tuple[int, int, int]:
@@ -211,12 +213,12 @@ def _rope_table_key(params: dict) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=GemmConfig.describe)
-@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=lambda s: f"B{s[0]}-S{s[1]}-heads{s[2]}-K{s[3]}-{s[4]}")
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=lambda s: "B{}-S{}-heads{}-K{}-{}-bias{}-{}".format(*s))
 def test_rope_epilogue_on_every_gemv_path(
     monkeypatch: pytest.MonkeyPatch, config: GemmConfig, shape: tuple
 ) -> None:
-    """RoPE and the cache write in the QKV gemv's epilogue (split-K configs run unsplit), rows past
-    the cache capacity dropped."""
+    """RoPE and the cache write in the QKV gemv's epilogue (split-K configs run unsplit): into the
+    cache's last row, and rows past the capacity dropped (some of a prefill's, all of a decode's)."""
     params = _rope_params(*shape)
     monkeypatch.setitem(gemm_config.CONFIGS, _rope_table_key(params), config)
     spec = registry.get(ROPE_OP)
@@ -227,7 +229,7 @@ def test_rope_epilogue_on_every_gemv_path(
 def test_rope_epilogue_equals_the_two_ops_it_fuses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bit for bit what ``add_rms_norm_linear`` then ``rope_kv_store`` compute on the same config:
     the pairing, the bias per row and the cache rows are exact, not merely within tolerance."""
-    params = _rope_params(2, 1, (2, 3, 16), 129, "bfloat16", True)
+    params = _rope_params(2, 1, (2, 3, 16), 129, "bfloat16", True, "end")
     monkeypatch.setitem(
         gemm_config.CONFIGS, _rope_table_key(params), GemmConfig("gemv", 1, 4, 64, num_stages=2)
     )
