@@ -281,8 +281,7 @@ def _parser() -> argparse.ArgumentParser:
         help="compare layer by layer, then op by op in the first layer that diverges "
         "(what bisect always does; the flag is accepted as ARCHITECTURE.md spells the command)",
     )
-    from verify.cli import positive_int
-    from verify.models import add_cache_argument, add_model_arguments
+    from verify.cli import add_cache_argument, add_model_arguments, positive_int
 
     add_model_arguments(p)
     add_cache_argument(p)

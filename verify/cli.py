@@ -20,48 +20,26 @@ class UsageError(Exception):
 
 
 def bad_environment(prog: str) -> bool:
-    """True, after saying so on stderr, when ``TRITONCHECK_BACKEND`` is bad (exit 2, not a
-    traceback with exit 1, the code for a divergence)."""
-    problem = _environment_problem()
-    if problem is not None:
-        print(f"{prog}: {problem}", file=sys.stderr)
-    return problem is not None
-
-
-def _environment_problem() -> str | None:
-    """Why ``TRITONCHECK_BACKEND`` is bad, or None: importing ``ops`` selects the backend from it."""
+    """True, after saying so on stderr, when ``TRITONCHECK_BACKEND`` is bad. Importing ``ops``
+    selects the backend from it: a bad setting is bad usage (exit 2), not a traceback with exit 1,
+    the code for a divergence."""
     try:
         import ops  # noqa: F401
     except (ValueError, RuntimeError) as exc:  # an unknown choice; cuda without a device
-        return str(exc)
-    return None
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return True
+    return False
 
 
 def parse_args(
     prog: str, parser: Callable[[], argparse.ArgumentParser], argv: list[str] | None
 ) -> argparse.Namespace | None:
     """``argv`` parsed by the parser ``parser()`` builds, or None after saying that
-    ``TRITONCHECK_BACKEND`` is bad (exit 2). Building a parser imports ``ops`` (the watchdog's
-    default, the model options), which selects the backend from that setting; a bad one is set
-    aside while the parser is built, so that ``--help`` (and argparse's own errors) still answer."""
-    problem = _environment_problem()
-    if problem is None:
-        return parser().parse_args(argv)
-    saved = os.environ.get("TRITONCHECK_BACKEND")
-    os.environ["TRITONCHECK_BACKEND"] = "interpreter"  # needs no device; the run stops below anyway
-    try:
-        built = parser()
-    except (ValueError, RuntimeError):  # the backend cannot be set up at all: the setting is reported
-        built = None
-    finally:
-        if saved is None:
-            del os.environ["TRITONCHECK_BACKEND"]
-        else:
-            os.environ["TRITONCHECK_BACKEND"] = saved
-    if built is not None:
-        built.parse_args(argv)  # --help prints and exits 0 here; a usage error exits 2
-    print(f"{prog}: {problem}", file=sys.stderr)
-    return None
+    ``TRITONCHECK_BACKEND`` is bad (exit 2). The setting is checked after parsing, so that
+    ``--help`` and argparse's own errors answer whatever it says: building a parser imports no
+    ``ops`` (the argument helpers below live here for that)."""
+    args = parser().parse_args(argv)
+    return None if bad_environment(prog) else args
 
 
 EPILOG = (
@@ -125,11 +103,12 @@ def seconds_or_none(text: str) -> float | None:
     return value or None
 
 
+DEFAULT_S = 300.0  # far past any one call's time, JIT compiles and the interpreter included
+
+
 def add_timeout_argument(parser: argparse.ArgumentParser, what: str) -> None:
     """``--timeout``: ``what`` (a case, a call of an injected op) running longer is a hang, which
     the run reports (exit 1) instead of hanging with it (``verify.watchdog``)."""
-    from verify.watchdog import DEFAULT_S
-
     parser.add_argument(
         "--timeout",
         type=seconds_or_none,
@@ -137,6 +116,34 @@ def add_timeout_argument(parser: argparse.ArgumentParser, what: str) -> None:
         metavar="SECONDS",
         help=f"{what} taking longer is a hang: report it, exit 1 (default {DEFAULT_S:g}; 0: no limit; "
         f"at most {threading.TIMEOUT_MAX:.0f})",
+    )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model``, ``--inject`` and their ``--timeout``, as every model-level CLI takes them."""
+    parser.add_argument(
+        "--model", help="checkpoint directory or preset name (default: the embedded tiny model)"
+    )
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="OP=IMPL@LAYERS",
+        help="swap one op's implementation in layers of the Triton model (repeatable): OP is a registered "
+        "op, IMPL is MODULE:FN or FILE.py:FN, LAYERS a layer number, a comma list (0,3) or 'all'",
+    )
+    add_timeout_argument(parser, "a call of an injected op")
+
+
+def add_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--cache-len``: the KV cache a server would allocate, not just the run's length. The
+    decode kernels pick their splits by capacity and share the valid rows out among them, so
+    a mostly empty cache takes paths a cache sized to the run never does."""
+    parser.add_argument(
+        "--cache-len",
+        type=positive_int,
+        metavar="ROWS",
+        help="KV cache capacity (default: just what the run needs), up to max_position_embeddings",
     )
 
 

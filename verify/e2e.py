@@ -207,7 +207,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG + " Here 1 also means logits that drift past drift_factor x the measured noise "
         "(tolerances.toml [e2e]) while the tokens agree.",
     )
-    from verify.models import add_cache_argument, add_model_arguments
+    from verify.cli import add_cache_argument, add_model_arguments
 
     add_model_arguments(p)
     add_cache_argument(p)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ from model import reference, triton_model
 from model import weights as model_weights
 from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
-from verify.cli import UsageError, add_timeout_argument
+from verify.cli import UsageError
 from verify.watchdog import HANG, NO_LIMIT, Watchdog, device_lost, wait_for_device
 
 # ops the decoder calls only outside its layers (embedding, the RoPE table, the greedy pick):
@@ -52,36 +51,6 @@ class Injection:
     def as_json(self) -> dict:
         """As the JSON reports record it: a report from an injected run says so."""
         return {"op": self.op, "impl": self.impl_spec, "layers": self.layer_spec}
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model`` and ``--inject``, as every model-level CLI takes them."""
-    parser.add_argument(
-        "--model", help="checkpoint directory or preset name (default: the embedded tiny model)"
-    )
-    parser.add_argument(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="OP=IMPL@LAYERS",
-        help="swap one op's implementation in layers of the Triton model (repeatable): OP is a registered "
-        "op, IMPL is MODULE:FN or FILE.py:FN, LAYERS a layer number, a comma list (0,3) or 'all'",
-    )
-    add_timeout_argument(parser, "a call of an injected op")
-
-
-def add_cache_argument(parser: argparse.ArgumentParser) -> None:
-    """``--cache-len``: the KV cache a server would allocate, not just the run's length. The
-    decode kernels pick their splits by capacity and share the valid rows out among them, so
-    a mostly empty cache takes paths a cache sized to the run never does."""
-    from verify.cli import positive_int
-
-    parser.add_argument(
-        "--cache-len",
-        type=positive_int,
-        metavar="ROWS",
-        help="KV cache capacity (default: just what the run needs), up to max_position_embeddings",
-    )
 
 
 def cache_rows(cache_len: int | None, needed: int, what: str, config: model_config.ModelConfig) -> int:

@@ -78,8 +78,7 @@ def _list_ops(json_path: str | None) -> int:
 
 def _check_list_options(args: argparse.Namespace) -> None:
     """``--list`` uses ``--json`` alone: any other option would be ignored, so it is refused."""
-    from verify.cli import UsageError
-    from verify.watchdog import DEFAULT_S
+    from verify.cli import DEFAULT_S, UsageError
 
     given = [
         option

@@ -54,7 +54,6 @@ class Watchdog:
 
 
 NO_LIMIT = Watchdog(None, lambda subject, seconds: None)
-DEFAULT_S = 300.0  # far past any one call's time, JIT compiles and the interpreter included
 HANG = "it hangs (a program waiting for something that never comes, a loop that never ends) or is that slow"
 
 

@@ -30,8 +30,8 @@ from ops import gemm_config
 from references.precision import computing_in
 from verify import cli
 from verify.bench import timing
-from verify.cli import UsageError
-from verify.models import add_cache_argument, cache_rows
+from verify.cli import UsageError, add_cache_argument
+from verify.models import cache_rows
 
 SKIPPABLE = ("unfused", "eager", "reference", "compile", "hf")  # rows besides the graph decode
 GRAPH_ROW, PEER_ROW = "triton + CUDA graph", "plain torch bf16 + torch.compile + CUDA graph"
