@@ -258,10 +258,11 @@ def add_rms_norm_linear_rope_kv_store_build(params: dict, device: torch.device) 
     tables = choice(params, "tables", TABLES, "shared")
     cos, sin = rope_tables(positions, rotary_dim_of(params), params["base"], tables)
     labels = labels_for(params, B=b, S=s, Hkv=hkv, D=d, K=params["k"])
+    rotary = rotary_label(params)  # a small head's "half" can rotate it whole, which the epilogue takes
     labels += [
-        "fused gemv" if b * s <= 4 and params["rotary"] == "full" else "composed",
+        "fused gemv" if b * s <= 4 and rotary == "rotary full" else "composed",
         f"group {params['group']}",
-        rotary_label(params),
+        rotary,
         f"start {params['starts']}",
         f"weight {params['w_layout']}",
         f"x {params['x_layout']}",
