@@ -306,6 +306,29 @@ def test_tolerance_lookup_names_a_missing_ratio(tmp_path) -> None:
         lookup("op", torch.bfloat16, table)
 
 
+def test_a_backend_table_replaces_the_dtype_entry_on_that_backend_only(tmp_path) -> None:
+    table = tmp_path / "tolerances.toml"
+    table.write_text(
+        '[default]\nbfloat16 = { atol = 0.0, rtol = 0.008 }\n[op]\nrule = "max_error_ratio"\n'
+        "float32 = { max_error_ratio = 16.0, ulps = 16 }\n"
+        "[op.interpreter]\nfloat32 = { max_error_ratio = 2.0 }\n"
+    )
+    exact_math = Tolerance("max_error_ratio", max_error_ratio=2.0, ulps=1.0)  # the entry whole, not merged
+    assert lookup("op", torch.float32, table, backend="interpreter") == exact_math
+    gpu_math = Tolerance("max_error_ratio", max_error_ratio=16.0, ulps=16.0)
+    assert lookup("op", torch.float32, table, backend="cuda") == gpu_math
+    assert lookup("op", torch.float32, table) == gpu_math
+    with pytest.raises(KeyError, match="max_error_ratio but gives no ratio for bfloat16"):  # [default]'s
+        lookup("op", torch.bfloat16, table, backend="interpreter")
+
+
+def test_a_misspelt_backend_table_is_refused(tmp_path) -> None:
+    table = tmp_path / "tolerances.toml"
+    table.write_text('[op]\nrule = "allclose"\nfloat32 = { atol = 0.0, rtol = 1e-5 }\n[op.interpeter]\n')
+    with pytest.raises(ValueError, match=r"\[op.interpeter\] is neither a dtype nor a backend"):
+        lookup("op", torch.float32, table, backend="interpreter")
+
+
 def test_max_error_ratio_takes_a_floor_in_ulps(tmp_path) -> None:
     table = tmp_path / "tolerances.toml"
     table.write_text('[op]\nrule = "max_error_ratio"\nfloat32 = { max_error_ratio = 2.0, ulps = 16 }\n')

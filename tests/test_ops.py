@@ -116,13 +116,16 @@ def test_canary_fails(name: str, kind: str) -> None:
 # ---- tolerances tight enough to see a small error -----------------------------------------------
 
 # The relative error the slightly-off implementation puts on every element it writes, in
-# rounding steps (the dtype's eps): 4 in bf16 and fp16, the models' dtypes; 128 (1.5e-5) in
-# fp32, where the GEMM bounds admit 16x plain torch's summation-order error and silu_mul's the
-# GPU's approximate exp (tolerances.toml). Measured on the typical cases (interpreter,
-# 2026-12-01): every bf16/fp16 bound fails 2-4 steps; in fp32 the loosest, silu_mul's rtol of
-# 1e-5, passes 64 steps and linear_splitk's and splitk_reduce's pass 16. On the H200 the fp32
-# attention bound (then 64x plain torch) passed 128 steps: it is 2x since, with a floor.
-SLIGHTLY_OFF_STEPS = {"bfloat16": 4, "float16": 4, "float32": 128}
+# rounding steps (the dtype's eps): 4 in bf16 and fp16, the models' dtypes. In fp32 on the GPU
+# 128 (1.5e-5), where the GEMM bounds admit 16x plain torch's summation-order error and
+# silu_mul's the GPU's approximate exp (tolerances.toml). Measured on the typical cases
+# (interpreter, 2026-12-01): every bf16/fp16 bound fails 2-4 steps; at the GPU's fp32 numbers
+# the loosest, silu_mul's rtol of 1e-5, passes 64 steps and linear_splitk's and splitk_reduce's
+# pass 16. On the H200 the fp32 attention bound (then 64x plain torch) passed 128 steps: it is
+# 2x since, with a floor. The interpreter's own fp32 numbers ([op.interpreter], 2026-12-03) fail
+# every op at 32 steps; at 16 splitk_reduce's [default] rtol of 2e-6 (16.8 steps) passes, at 8
+# attention's score-rounding floor.
+SLIGHTLY_OFF_STEPS = {"bfloat16": 4, "float16": 4, "float32": 128 if backend.name() == "cuda" else 32}
 SLIGHTLY_OFF = [
     pytest.param(name, dtype, id=f"{name}-{dtype}")
     for name in OPS

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ops import scratch
+from ops import backend, scratch
 from references.precision import computing_in, oracle, ulp
 from verify.cases import Case, dtype_of
 from verify.cli import counted
@@ -581,7 +581,7 @@ def check(
     if shared:
         result.passed, result.error = False, shared
         return result
-    tol = lookup(spec.tolerance, dtype_of(case.params))
+    tol = lookup(spec.tolerance, dtype_of(case.params), backend=backend.name())
     oracle_out = lowp_out = terms_out = None
     extra_floor = 0.0
     if tol.rule == "max_error_ratio":

@@ -11,6 +11,7 @@ import torch
 
 PATH = Path(__file__).resolve().parent.parent / "tolerances.toml"
 RULES = ("allclose", "max_error_ratio", "exact")
+BACKENDS = ("cuda", "interpreter")  # ops.backend's names
 
 
 @dataclass(frozen=True)
@@ -46,17 +47,24 @@ def rule(key: str, path: Path = PATH) -> str:
     return _table(path).get(key, {}).get("rule", "allclose")
 
 
-def lookup(key: str, dtype: torch.dtype, path: Path = PATH) -> Tolerance:
-    """The tolerance for op ``key`` at ``dtype``: ``[key.dtype]``, else ``[default.dtype]``."""
+def lookup(key: str, dtype: torch.dtype, path: Path = PATH, *, backend: str | None = None) -> Tolerance:
+    """The tolerance for op ``key`` at ``dtype`` on ``backend``: ``[key.backend]``'s dtype
+    entry, else ``[key.dtype]``, else ``[default.dtype]``. A backend table holds the tighter
+    numbers of exact arithmetic where the general ones are set by the GPU's (its approximate
+    exp, sqrt and division, its fp32 dot order): the interpreter runs numpy's."""
     table = _table(path)
     section = table.get(key, {})
     rule = section.get("rule", "allclose")
     if rule not in RULES:
         raise ValueError(f"{path}: [{key}] rule {rule!r} is not one of {RULES}")
+    for sub, value in section.items():
+        is_dtype = isinstance(getattr(torch, sub, None), torch.dtype)
+        if isinstance(value, dict) and not is_dtype and sub not in BACKENDS:
+            raise ValueError(f"{path}: [{key}.{sub}] is neither a dtype nor a backend {BACKENDS}")
     if rule == "exact":
         return Tolerance("exact")
     name = dtype_key(dtype)
-    numbers = section.get(name) or table.get("default", {}).get(name)
+    numbers = section.get(backend, {}).get(name) or section.get(name) or table.get("default", {}).get(name)
     if numbers is None:
         raise KeyError(f"{path}: no tolerance for op {key!r} at dtype {name} and no [default.{name}]")
     if rule == "max_error_ratio":
