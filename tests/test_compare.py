@@ -443,12 +443,27 @@ def test_a_nan_in_an_error_measure_does_not_pass_everything() -> None:
     assert _ratio_verdict([1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2.01, 3])
 
 
-def test_max_error_ratio_is_capped_where_plain_torch_breaks_down() -> None:
-    """A baseline far off the oracle must not license any error: the bound stops at 1/32 of
-    max|oracle| (plus an ulp)."""
+def test_where_plain_torch_breaks_down_the_fp32_reference_is_the_yardstick() -> None:
+    """A baseline far off the oracle must not license any error: past 1/32 of max|oracle| the
+    reference's error (fp32 math rounded once) takes its place, never beyond that 1/32."""
     broken = [1, 2, 400]
-    assert not _ratio_verdict([1, 2, 4.5], [1, 2, 4], [1, 2, 4], broken)  # 12% of max|oracle|
-    assert _ratio_verdict([1, 2, 4.0625], [1, 2, 4], [1, 2, 4], broken)  # within the cap
+    step = 2**-5  # a bf16 ulp at 4
+    assert _ratio_verdict([1, 2, 4 + step], [1, 2, 4], [1, 2, 4], broken)  # the 1-ulp floor
+    assert not _ratio_verdict([1, 2, 4 + 2 * step], [1, 2, 4], [1, 2, 4], broken)  # 1.6% off
+    assert _ratio_verdict([1, 2, 4 + 3 * step], [1, 2, 4 + step], [1, 2, 4], broken)  # 2 x 1 ulp + 1
+    assert not _ratio_verdict([1, 2, 4 + 4 * step], [1, 2, 4 + step], [1, 2, 4], broken)
+    # the reference broken too: the 1/32 cap (0.125) and the floor
+    assert _ratio_verdict([1, 2, 4 + 4 * step], broken, [1, 2, 4], broken)
+    assert not _ratio_verdict([1, 2, 4.5], broken, [1, 2, 4], broken)
+
+
+def test_a_report_names_the_yardstick_it_judged_by() -> None:
+    tol = Tolerance("max_error_ratio", max_error_ratio=2.0)
+    oracle = _bf16([1, 2, 4]).double()
+    report = judge("out", _bf16([1, 2, 4.5]), _bf16([1, 2, 4]), tol, oracle, _bf16([1, 2, 400]))
+    assert "2 x the fp32 reference error 0 (plain bfloat16 torch broke down: 396)" in report.reason
+    report = judge("out", _bf16([1, 2, 4.5]), _bf16([1, 2, 4]), tol, oracle, _bf16([1, 2, 4.03125]))
+    assert "2 x plain bfloat16 torch error 0.03125 + floor" in report.reason
 
 
 def test_the_oracle_is_fp64_and_rounds_only_what_the_definition_rounds() -> None:

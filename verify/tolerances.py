@@ -21,8 +21,9 @@ class Tolerance:
     ``allclose``: ``|impl - ref| <= atol + rtol * |ref|`` elementwise.
     ``max_error_ratio``: ``max|impl - oracle| <= k * max|lowp - oracle| + ulps * ulp(max|oracle|) + atol``,
     where the oracle is the reference in fp64 and ``lowp`` the reference computed in the op's own
-    dtype; ``atol`` (default 0) covers a documented absolute limit such as flushed subnormals, and
-    ``ulps`` (default 1) a documented per-element error such as the GPU's approximate fp32 math.
+    dtype (where that breaks down, the fp32 reference: ``verify.compare.judge``); ``atol``
+    (default 0) covers a documented absolute limit such as flushed subnormals, and ``ulps``
+    (default 1) a documented per-element error such as the GPU's approximate fp32 math.
     ``exact``: bitwise equality (copies, indices).
     """
 
