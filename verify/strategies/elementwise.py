@@ -88,6 +88,7 @@ ADD_EXAMPLES = (
 )
 SILU_MUL_EXAMPLES = (
     _silu_example("typical: 3 x 65 fused", 3, 65, gpu=False),
+    _silu_example("fp32 to 1e4: exp overflows", 5, 33, dtype="float32", dist="large", gpu=False),
     _silu_example("article decode (intermediate 4864)", 1, 4864),
     _silu_example("article prefill 256 x 4864", 256, 4864),
     _silu_example("qwen3-0.6b prefill (intermediate 3072)", 129, 3072, dist="large"),

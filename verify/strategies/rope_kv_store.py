@@ -151,6 +151,10 @@ ROPE_KV_STORE_EXAMPLES = (
         2, 3, 9, 2, 2, 34, rotary="half", qk_norm=True, gpu=False,
     ),
     _example("decode into the last row, 7-way GQA, head_dim 16", 1, 1, 9, 1, 7, 16, starts="end", gpu=False),
+    _example(
+        "prefill 5, 8-way GQA, fused qkv rows with padded heads", 2, 5, 12, 1, 8, 16,
+        layout="fused_padded", gpu=False,
+    ),
     _example("article decode (8 q + 2 kv heads x 128), last cache row", 1, 1, 4096, 2, 4, 128, starts="end"),
     _example("qwen3-0.6b decode with qk-norm (16 q + 8 kv heads x 128)", 1, 1, 4096, 8, 2, 128, qk_norm=True),
     _example("qwen2.5-0.5b prefill 256 (14 q + 2 kv heads x 64)", 1, 256, 4096, 2, 7, 64, starts="zero"),
