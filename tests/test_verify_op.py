@@ -404,6 +404,23 @@ def test_an_impl_requiring_a_keyword_the_op_never_passes_is_refused() -> None:
     check_signature(with_default, rms_norm, "rms_norm")
 
 
+def test_two_impl_files_each_import_their_own_helpers(tmp_path: Path) -> None:
+    """A module of the same name beside each file: the second file gets its own, not the first's
+    from ``sys.modules`` (which the first keeps)."""
+    from verify import impl_loader
+
+    fns = []
+    for scale in (2, 3):
+        folder = tmp_path / f"impl{scale}"
+        folder.mkdir()
+        (folder / "helpers_of_one_impl.py").write_text(f"SCALE = {scale}\n")
+        body = "import helpers_of_one_impl\n\ndef f(x):\n    return x * helpers_of_one_impl.SCALE\n"
+        (folder / "impl.py").write_text(body)
+        fns.append(impl_loader.load(f"{folder / 'impl.py'}:f"))
+    sys.modules.pop("helpers_of_one_impl", None)
+    assert [fn(1) for fn in fns] == [2, 3]
+
+
 def test_an_impl_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
     """As ``python impl.py`` would; its directory is not left on ``sys.path`` afterwards."""
     from verify import impl_loader

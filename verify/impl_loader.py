@@ -39,21 +39,37 @@ def load(spec: str, option: str = "--impl") -> Callable:
     return fn
 
 
+# modules an implementation file imported from its own directory: name -> that directory
+_imported_beside: dict[str, str] = {}
+
+
 def _exec_file(path: Path):
     """The module ``path`` holds, run with its directory first on ``sys.path`` as ``python
     path`` would run it, so it imports the modules beside it; taken off again afterwards, so
-    later imports (another file's) do not search it."""
+    later imports (another file's) do not search it. Modules another implementation imported
+    from its own directory are dropped from ``sys.modules`` first (their importer keeps them),
+    so two files with a ``helpers.py`` beside each (``verify.bisect --inject`` twice) each
+    get their own, not the one loaded first."""
     module_name = f"_impl_{path.stem}_{abs(hash(path)) % 10**8}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
     directory = str(path.parent)
+    for name, other in list(_imported_beside.items()):
+        if other != directory:
+            sys.modules.pop(name, None)
+            del _imported_beside[name]
+    before = set(sys.modules)
+    sys.modules[module_name] = module
     sys.path.insert(0, directory)
     try:
         loader_spec.loader.exec_module(module)
     finally:
         if directory in sys.path:  # unless the module took it off itself
             sys.path.remove(directory)
+        for name in set(sys.modules) - before:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if name != module_name and Path(origin).parent == path.parent:
+                _imported_beside[name] = directory
     return module
 
 
