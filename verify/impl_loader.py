@@ -41,6 +41,9 @@ def load(spec: str, option: str = "--impl") -> Callable:
 
 # modules an implementation file imported from its own directory: name -> that directory
 _imported_beside: dict[str, str] = {}
+_LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+# one copy of these serves every implementation: Python's libraries and this project
+_SHARED = tuple(Path(p) for p in (*_LIBRARIES, Path(__file__).resolve().parent.parent))
 
 
 def _exec_file(path: Path):
@@ -66,9 +69,9 @@ def _exec_file(path: Path):
     finally:
         if directory in sys.path:  # unless the module took it off itself
             sys.path.remove(directory)
-        for name in set(sys.modules) - before:
-            origin = getattr(sys.modules[name], "__file__", None) or ""
-            if name != module_name and Path(origin).parent == path.parent:
+        for name in set(sys.modules) - before - {module_name}:
+            origin = Path(getattr(sys.modules[name], "__file__", None) or "/")
+            if origin.parent == path.parent and not any(origin.is_relative_to(p) for p in _SHARED):
                 _imported_beside[name] = directory
     return module
 
@@ -112,7 +115,7 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
 # frames of Python's libraries and of this tool itself (its checks, its interpreter layers): not
 # where an implementation went wrong
 _NOT_USER_CODE = (
-    *{sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")},
+    *_LIBRARIES,
     str(Path(__file__).parent),
     str(Path(__file__).parent.parent / "ops" / "interpreter_"),
 )
