@@ -404,21 +404,36 @@ def test_an_impl_requiring_a_keyword_the_op_never_passes_is_refused() -> None:
     check_signature(with_default, rms_norm, "rms_norm")
 
 
-def test_two_impl_files_each_import_their_own_helpers(tmp_path: Path) -> None:
-    """A module of the same name beside each file: the second file gets its own, not the first's
-    from ``sys.modules`` (which the first keeps)."""
+def _two_impls_with_helpers(root: Path) -> list:
+    """Two implementation files in folders of their own, each beside a ``helpers_of_one_impl``
+    of its own scale (2 and 3), loaded in turn."""
     from verify import impl_loader
 
     fns = []
     for scale in (2, 3):
-        folder = tmp_path / f"impl{scale}"
+        folder = root / f"impl{scale}"
         folder.mkdir()
         (folder / "helpers_of_one_impl.py").write_text(f"SCALE = {scale}\n")
         body = "import helpers_of_one_impl\n\ndef f(x):\n    return x * helpers_of_one_impl.SCALE\n"
         (folder / "impl.py").write_text(body)
         fns.append(impl_loader.load(f"{folder / 'impl.py'}:f"))
     sys.modules.pop("helpers_of_one_impl", None)
-    assert [fn(1) for fn in fns] == [2, 3]
+    return fns
+
+
+def test_two_impl_files_each_import_their_own_helpers(tmp_path: Path) -> None:
+    """A module of the same name beside each file: the second file gets its own, not the first's
+    from ``sys.modules`` (which the first keeps)."""
+    assert [fn(1) for fn in _two_impls_with_helpers(tmp_path)] == [2, 3]
+
+
+def test_modules_of_python_or_this_project_are_never_dropped(tmp_path: Path, monkeypatch) -> None:
+    """One copy of those serves every implementation (an implementation file at the project's
+    root must not take ``registry`` out of ``sys.modules``): here tmp_path stands for them."""
+    from verify import impl_loader
+
+    monkeypatch.setattr(impl_loader, "_SHARED", (tmp_path,))
+    assert [fn(1) for fn in _two_impls_with_helpers(tmp_path)] == [2, 2]
 
 
 def test_an_impl_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
