@@ -40,8 +40,16 @@ def dtype_key(dtype: torch.dtype) -> str:
 
 @functools.cache
 def _table(path: Path = PATH) -> dict:
+    """The file, read once; a sub-table of an op that is neither a dtype nor a backend (a
+    misspelt ``[op.interpeter]``) is refused rather than never looked up."""
     with open(path, "rb") as f:
-        return tomllib.load(f)
+        table = tomllib.load(f)
+    for key, section in table.items():
+        for sub, value in section.items() if isinstance(section, dict) else ():
+            is_dtype = isinstance(getattr(torch, sub, None), torch.dtype)
+            if isinstance(value, dict) and not is_dtype and sub not in BACKENDS:
+                raise ValueError(f"{path}: [{key}.{sub}] is neither a dtype nor a backend {BACKENDS}")
+    return table
 
 
 def rule(key: str, path: Path = PATH) -> str:
@@ -58,10 +66,6 @@ def lookup(key: str, dtype: torch.dtype, path: Path = PATH, *, backend: str | No
     rule = section.get("rule", "allclose")
     if rule not in RULES:
         raise ValueError(f"{path}: [{key}] rule {rule!r} is not one of {RULES}")
-    for sub, value in section.items():
-        is_dtype = isinstance(getattr(torch, sub, None), torch.dtype)
-        if isinstance(value, dict) and not is_dtype and sub not in BACKENDS:
-            raise ValueError(f"{path}: [{key}.{sub}] is neither a dtype nor a backend {BACKENDS}")
     if rule == "exact":
         return Tolerance("exact")
     name = dtype_key(dtype)
