@@ -69,6 +69,7 @@ MAX_SPLITS = 128  # caps the combine kernel's work and the scratch size
 COMBINE_CHUNK = 32  # splits the combine kernel loads at once
 COMBINE_BLOCK_D = 64  # head dims per combine program: a D=128 row is two programs
 LOG2E = 1.4426950408889634
+FP32_MAX = 3.4028234663852886e38
 # Integer sizes the kernels take at run time but do not specialize on (Triton otherwise compiles
 # a variant per size that is 1 or a multiple of 16): here they only bound loops and masks, and
 # K/V addresses stay 16-byte aligned through the HEAD_DIM constexpr. Without this the thorough
@@ -547,7 +548,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _check_args(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
-) -> None:
+) -> float:
+    """Check the arguments before any launch; return ``scale`` as a Python float."""
     validate.tensor("q", q, ndim=4)
     validate.tensor("k_cache", k_cache, ndim=4)
     validate.contiguous("k_cache", k_cache)
@@ -567,16 +569,17 @@ def _check_args(
         raise ValueError(f"q: {seq} new tokens do not fit a cache of capacity {capacity}")
     validate.tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,))
     validate.shape("seq_lens", seq_lens, (batch,), "one length per batch entry")
-    validate.positive("scale", scale)
+    scale = validate.positive("scale", scale)
+    if scale * LOG2E > FP32_MAX:  # the kernels scale by it in fp32: it would be inf there
+        raise ValueError(
+            f"scale: expected at most {FP32_MAX / LOG2E:.4g} (scale * log2(e) is an fp32), got {scale!r}"
+        )
+    return scale
 
 
 def _check_scratch(scratch: DecodeScratch, q: torch.Tensor, splits: int, others: dict) -> None:
     """``scratch`` as :func:`decode_scratch` makes it: three fp32 buffers, sharing no memory with
-    each other or with ``others`` (the op's inputs and output)."""
-    if not isinstance(scratch, DecodeScratch):
-        raise TypeError(
-            f"scratch: expected a DecodeScratch from decode_scratch(), got {type(scratch).__name__}"
-        )
+    each other or with ``others`` (the op's inputs and output); its type is checked already."""
     rows = (*q.shape[:3], splits)
     for name, t, shape in (
         ("scratch.acc", scratch.acc, (*rows, q.shape[3])),
@@ -673,7 +676,7 @@ def attention(
     ``scratch``, a per-shape one is allocated on the first call and reused after). ``seq_lens``
     is a device tensor and is not checked against ``S`` and ``L`` (that would need a host sync).
     """
-    _check_args(q, k_cache, v_cache, seq_lens, scale)
+    scale = _check_args(q, k_cache, v_cache, seq_lens, scale)
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
     batch, seq, q_heads, dim = q.shape
@@ -686,9 +689,12 @@ def attention(
         )
     inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": seq_lens}
     o = validate.output(out, q.shape, q.dtype, q, reads=inputs, in_place=("q",))  # q rows read first
+    if scratch is not None and not isinstance(scratch, DecodeScratch):  # checked on either path
+        raise TypeError(
+            f"scratch: expected None or a DecodeScratch from decode_scratch(), got {type(scratch).__name__}"
+        )
     if o.numel() == 0:
         return o
-    scale = float(scale)
     if not decode:
         launch_prefill(q, k_cache, v_cache, seq_lens, scale, o, prefill_config(dim, q.dtype))
         return o

@@ -67,14 +67,15 @@ def _project(
 
 def _check_norm_operands(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, k: int
-) -> None:
+) -> float:
+    """Check the norm's operands; return ``eps`` as a Python float."""
     validate.tensor("residual", residual, ndim=2)
     validate.shape("residual", residual, x.shape, "the shape of x")
     validate.same_dtype("residual", residual, "x", x)
     validate.tensor("norm_weight", norm_weight, ndim=1)
     validate.shape("norm_weight", norm_weight, (k,), "K, the last dim of x")
     validate.same_dtype("norm_weight", norm_weight, "x", x)
-    validate.positive("eps", eps)
+    return validate.positive("eps", eps)
 
 
 def _norm_outputs(
@@ -103,7 +104,7 @@ def add_rms_norm_linear(
     ``x``, ``residual``: ``[M, K]`` (any row stride); ``weight``: ``[N, K]``.
     """
     m, n, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
-    _check_norm_operands(x, residual, norm_weight, eps, k)
+    eps = _check_norm_operands(x, residual, norm_weight, eps, k)
     gemm.check_bias(bias, n, x)
     inputs = {"x": x, "residual": residual, "norm_weight": norm_weight, "weight": weight, "bias": bias}
     y, total = _norm_outputs(out, x, (m, n), inputs)
@@ -138,7 +139,7 @@ def add_rms_norm_linear_silu_mul(
             f"weight: expected an even number of rows (gate rows, then up rows), "
             f"got shape {tuple(weight.shape)}"
         )
-    _check_norm_operands(x, residual, norm_weight, eps, k)
+    eps = _check_norm_operands(x, residual, norm_weight, eps, k)
     n = n2 // 2
     inputs = {"x": x, "residual": residual, "norm_weight": norm_weight, "weight": weight}
     y, total = _norm_outputs(out, x, (m, n), inputs)
@@ -181,7 +182,7 @@ def add_rms_norm_linear_rope_kv_store(
     output is q, rotated, ``[B, S, Hq, D]``.
     """
     m, n, k = gemm.check_operands(x, weight, last_dim_contiguous=True)
-    _check_norm_operands(x, residual, norm_weight, eps, k)
+    eps = _check_norm_operands(x, residual, norm_weight, eps, k)
     gemm.check_bias(bias, n, x)
     validate.tensor("cos", cos, ndim=3, dtypes=(torch.float32,))
     validate.tensor("k_cache", k_cache, ndim=4)

@@ -31,6 +31,7 @@ rounding to the output dtype.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -594,11 +595,13 @@ def check_bias(bias: torch.Tensor | None, n: int, x: torch.Tensor) -> None:
     validate.same_dtype("bias", bias, "x", x)
 
 
-def _check_split_k(split_k: object, k: int) -> None:
+def _check_split_k(split_k: object, k: int) -> int:
     if k == 0:
         raise ValueError("x: K = 0 leaves nothing to split (linear_splitk needs K >= 1)")
-    if isinstance(split_k, bool) or not isinstance(split_k, int) or not 1 <= split_k <= min(k, MAX_SPLIT_K):
+    integral = isinstance(split_k, numbers.Integral) and not isinstance(split_k, bool)
+    if not integral or not 1 <= split_k <= min(k, MAX_SPLIT_K):
         raise ValueError(f"split_k: expected an int from 1 to min(K={k}, {MAX_SPLIT_K}), got {split_k!r}")
+    return int(split_k)
 
 
 def _reduce(partials: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> None:
@@ -856,7 +859,7 @@ def linear_splitk(
     it, so the call can be captured in a CUDA Graph); it holds the partials afterwards.
     """
     m, n, k = check_operands(x, weight)
-    _check_split_k(split_k, k)
+    split_k = _check_split_k(split_k, k)
     config = config_for(m, n, k)
     if m > GEMV_MAX_M and config.kernel == "gemv":
         config = default_config(m, n, k)

@@ -65,22 +65,22 @@ def _launch_config(n: int) -> tuple[int, int]:
     return block, min(max(block // 256, 1), 16)
 
 
-def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
+def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[int, float]:
     validate.tensor("x", x, ndim=range(1, 9))
     validate.tensor("weight", weight, ndim=1)
     n = x.shape[-1]
     validate.shape("weight", weight, (n,), "the last dim of x")
-    validate.positive("eps", eps)
+    eps = validate.positive("eps", eps)
     if n > MAX_N:
         raise ValueError(f"x: last dim {n} exceeds the {MAX_N} a single-row kernel supports")
-    return n
+    return n, eps
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim, in fp32, rounded once."""
-    n = _check_norm_args(x, weight, eps)
+    n, eps = _check_norm_args(x, weight, eps)
     validate.same_dtype("weight", weight, "x", x)
     grid = validate.as_row_grid("x", x)  # per-head rows of a fused QKV view work too (qk-norm)
     y = validate.output(out, x.shape, x.dtype, x, reads={"x": x, "weight": weight}, in_place=("x",))
@@ -113,7 +113,7 @@ def add_rms_norm(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(rms_norm(x + residual), x + residual)`` in one pass over the row."""
-    n = _check_norm_args(x, weight, eps)
+    n, eps = _check_norm_args(x, weight, eps)
     validate.tensor("residual", residual)
     validate.shape("residual", residual, x.shape, "the shape of x")
     validate.same_dtype("residual", residual, "x", x)

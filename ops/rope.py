@@ -61,10 +61,10 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos, sin`` of ``positions * inv_freq``: fp32 ``[B, S, rotary_dim / 2]`` each."""
     validate.tensor("positions", positions, ndim=2, dtypes=validate.INDEX_DTYPES, last_dim_contiguous=False)
-    validate.positive("rotary_dim", rotary_dim, integer=True)
+    rotary_dim = validate.positive("rotary_dim", rotary_dim, integer=True)
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim: expected an even number, got {rotary_dim}")
-    validate.positive("base", base)
+    base = validate.positive("base", base)
     batch, seq = positions.shape
     half = rotary_dim // 2
     cos_out, sin_out = validate.pair("out", out)

@@ -133,7 +133,7 @@ def rope_kv_store(
     if q_norm is not None:
         validate.tensor("q_norm", q_norm, ndim=1)
         validate.tensor("k_norm", k_norm, ndim=1)
-    validate.positive("eps", eps)
+    eps = validate.positive("eps", eps)
     batch, seq, q_heads, dim = q.shape
     check_cos_sin_caches(cos, sin, k_cache, v_cache, start_pos, batch, seq, dim, q)
     capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]

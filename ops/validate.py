@@ -7,6 +7,7 @@ rank, shape, dtype, device and strides first and raise an error that names the a
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -43,7 +44,8 @@ def tensor(
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if t.dim() not in allowed:
-            shown = " or ".join(str(n) for n in allowed)
+            consecutive = len(allowed) > 2 and allowed == tuple(range(allowed[0], allowed[-1] + 1))
+            shown = f"{allowed[0]} to {allowed[-1]}" if consecutive else " or ".join(map(str, allowed))
             raise ValueError(f"{name}: expected {shown} dims, got shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype in ({_names(dtypes)}), got {t.dtype}")
@@ -72,12 +74,19 @@ def contiguous(name: str, t: torch.Tensor) -> None:
         )
 
 
-def positive(name: str, value: object, *, integer: bool = False) -> None:
-    """A positive int, or a positive finite number (NaN and inf would only spread through the output)."""
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value < math.inf:
-        want = "a positive int" if integer else "a positive finite number"
+def positive(name: str, value: object, *, integer: bool = False) -> int | float:
+    """A positive int, or a positive finite number (NaN and inf would only spread through the
+    output), returned as a Python scalar: numpy scalars pass, a tensor (which a launch would take
+    for a pointer) or a bool does not."""
+    kind = numbers.Integral if integer else numbers.Real
+    want = "a positive int" if integer else "a positive finite number"
+    if isinstance(value, bool) or not isinstance(value, kind):
+        shown = type(value).__name__ if isinstance(value, torch.Tensor) else repr(value)
+        raise ValueError(f"{name}: expected {want} (a Python or numpy scalar), got {shown}")
+    scalar = int(value) if integer else float(value)
+    if not 0 < scalar < math.inf:
         raise ValueError(f"{name}: expected {want}, got {value!r}")
+    return scalar
 
 
 def pair(name: str, value: object) -> tuple[object, object]:
@@ -95,11 +104,10 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors may share memory: one storage and intersecting byte spans (so
-    interleaved views that touch no common element count too: the check is conservative)."""
+    """Whether two tensors may share memory: intersecting byte spans on one device. Addresses, not
+    storage objects, decide: ``torch.from_numpy`` or DLPack can alias bytes across two storages.
+    Interleaved views that touch no common element count too: the check is conservative."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
     return a0 < b1 and b0 < a1
@@ -116,8 +124,8 @@ def disjoint(name: str, t: torch.Tensor, others: dict[str, object], in_place: Se
             continue
         how = f" (in place it must be {other_name} itself)" if other_name in in_place else ""
         raise ValueError(
-            f"{name}: shares memory with {other_name}, which the kernel reads while it writes {name}{how}; "
-            "pass a separate tensor"
+            f"{name}: shares memory with {other_name}, which the kernel also uses while it writes "
+            f"{name}{how}; pass a separate tensor"
         )
 
 

@@ -37,7 +37,7 @@ def randn(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
     )
 
 
-def test_overlap_is_by_storage_and_byte_span() -> None:
+def test_overlap_is_by_byte_span() -> None:
     from ops.validate import overlap
 
     base = randn(4, 8)
@@ -46,6 +46,17 @@ def test_overlap_is_by_storage_and_byte_span() -> None:
     assert not overlap(base, base.clone())
     assert overlap(base[:, :4], base[:, 4:])  # interleaved rows: conservatively an overlap
     assert not overlap(base[:0], base)
+    rows = torch.from_dlpack(base[1:3])  # the same bytes through another storage object
+    assert rows.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    assert overlap(base[0:2], rows) and overlap(rows, base[2:]) and not overlap(rows, base[3:])
+
+
+def test_aliasing_through_another_storage_object_is_refused() -> None:
+    base, w = randn(4, 8), randn(8)
+    with pytest.raises(ValueError, match="out: shares memory with x"):
+        norm.rms_norm(torch.from_dlpack(base[1:4]), w, 1e-6, out=base[0:3])
+    with pytest.raises(ValueError, match="out: shares memory with x"):
+        norm.rms_norm(base[0:3], w, 1e-6, out=torch.from_dlpack(base[1:4]))
 
 
 def _linear_out_x():
@@ -191,6 +202,32 @@ def test_eps_and_scale_must_be_positive_and_finite(bad: float) -> None:
         )
 
 
+def test_numpy_scalars_pass_and_tensors_are_refused_as_scalars() -> None:
+    import numpy as np
+
+    x, w = randn(2, 16), randn(16)
+    assert torch.equal(norm.rms_norm(x, w, np.float32(1e-6)), norm.rms_norm(x, w, 1e-6))
+    a, weight = randn(2, 80), randn(4, 80)
+    assert torch.equal(gemm.linear_splitk(a, weight, np.int64(2)), gemm.linear_splitk(a, weight, 2))
+    positions = torch.arange(3, device=DEVICE).view(1, 3)
+    cos, sin = rope.rope_cos_sin(positions, np.int64(8), np.float64(1e4))
+    want_cos, want_sin = rope.rope_cos_sin(positions, 8, 1e4)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    with pytest.raises(ValueError, match=r"^eps: expected a positive finite number \(a Python or numpy"):
+        norm.rms_norm(x, w, torch.tensor(1e-6))
+
+
+def test_a_scale_that_overflows_the_kernels_fp32_is_refused() -> None:
+    q, cache = randn(1, 1, 1, 64), randn(1, 8, 1, 64)
+    seq_lens = torch.full((1,), 4, dtype=torch.int32, device=DEVICE)
+    limit = attention.FP32_MAX / attention.LOG2E
+    with pytest.raises(ValueError, match=r"scale: expected at most 2\.359e\+38"):
+        attention.attention(q, cache, cache.clone(), seq_lens, 1.001 * limit)
+    assert (
+        attention.attention(q * 1e-30, cache * 1e-10, cache.clone(), seq_lens, 0.999 * limit).isfinite().all()
+    )
+
+
 def test_empty_and_degenerate_shapes() -> None:
     assert gemm.linear(randn(0, 32), randn(16, 32)).shape == (0, 16)
     assert norm.rms_norm(randn(0, 65), randn(65), 1e-6).shape == (0, 65)
@@ -208,7 +245,7 @@ def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
         norm.add_rms_norm(randn(2, 16), randn(2, 16), randn(16), 1e-6, out=randn(2, 16))
     with pytest.raises(TypeError, match="out: expected None or a pair of tensors"):
         norm.add_rms_norm(randn(2, 16), randn(2, 16), randn(16), 1e-6, out=(randn(2, 16),) * 3)
-    with pytest.raises(TypeError, match="scratch: expected a DecodeScratch from decode_scratch"):
+    with pytest.raises(TypeError, match="scratch: expected None or a DecodeScratch from decode_scratch"):
         q, cache = randn(1, 1, 1, 64), randn(1, 64, 1, 64)
         attention.attention_decode(
             q,
@@ -218,6 +255,10 @@ def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
             0.125,
             scratch=(1, 2, 3),
         )
+    with pytest.raises(TypeError, match="scratch: expected None or a DecodeScratch"):  # unused there
+        q, cache = randn(1, 1, 1, 64), randn(1, 64, 1, 64)
+        seq_lens = torch.full((1,), 8, dtype=torch.int32, device=DEVICE)
+        attention.attention(q, cache, cache.clone(), seq_lens, 0.125, path="prefill", scratch=123)
 
 
 @pytest.mark.parametrize(
@@ -241,7 +282,12 @@ def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
         (
             lambda: rope.rope_cos_sin(torch.zeros(1, 2, dtype=torch.int32, device=DEVICE), 8.0, 1e4),
             ValueError,
-            "rotary_dim: expected a positive int, got 8.0",
+            r"rotary_dim: expected a positive int \(a Python or numpy scalar\), got 8\.0",
+        ),
+        (
+            lambda: norm.rms_norm(torch.tensor(1.0, dtype=BF16, device=DEVICE), randn(1), 1e-6),
+            ValueError,
+            r"x: expected 1 to 8 dims, got shape \(\)",
         ),
         (
             lambda: norm.rms_norm(randn(1, norm.MAX_N + 1), randn(norm.MAX_N + 1), 1e-6),
