@@ -223,23 +223,23 @@ def _parse(cfg: dict) -> ModelConfig:
     rope_theta, rotary_factor = _rope(cfg)
     if rotary_factor != 1.0:  # transformers' llama/qwen2/qwen3 rotate the whole head
         raise ConfigError(f"partial_rotary_factor {rotary_factor} is not implemented for {family}")
-    if cfg.get("use_sliding_window"):
+    if _field(cfg, "use_sliding_window", "bool", False):
         raise ConfigError("sliding-window attention is not implemented")
     layer_types = cfg.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise ConfigError(f"layer_types: expected a list, got {layer_types!r}")
     if any(t != "full_attention" for t in layer_types):
         raise ConfigError(f"layer_types {sorted(set(map(str, layer_types)))} include non-full attention")
-    if cfg.get("mlp_bias"):
+    if _field(cfg, "mlp_bias", "bool", False):
         raise ConfigError("mlp_bias is not implemented")
-    if family != "qwen2" and cfg.get("attention_bias"):  # llama/qwen3 put it on o_proj too
+    if family != "qwen2" and _field(cfg, "attention_bias", "bool", False):  # llama/qwen3: on o_proj too
         raise ConfigError(f"attention_bias (q/k/v/o projection bias) is not implemented for {family}")
     if cfg.get("quantization_config") is not None:
         raise ConfigError(
             "quantization_config: quantized checkpoints are not supported "
             "(the loader reads bfloat16, float16 or float32 weights)"
         )
-    if cfg.get("pretraining_tp", 1) != 1:
+    if _field(cfg, "pretraining_tp", "count", 1) != 1:  # null: transformers' default, 1
         raise ConfigError("pretraining_tp != 1 is not implemented")
     hidden = _field(cfg, "hidden_size", "count")
     heads = _field(cfg, "num_attention_heads", "count")

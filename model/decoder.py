@@ -115,6 +115,9 @@ class Decoder:
         name: str = "decoder",
         fused: bool = True,
     ) -> None:
+        for arg, value in (("max_batch", max_batch), ("max_seq", max_seq)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{arg}: expected a positive int (the KV cache's size), got {value!r}")
         c = weights.config
         self.config, self.weights, self.name, self.fused = c, weights, name, fused
         self.impls = dict(impls)
@@ -332,9 +335,13 @@ class Decoder:
 
         Writes the new keys and values into the cache; returns the logits in the model dtype,
         ``[B, V]`` for the last token (or ``[B, S, V]`` with ``all_logits``).
-        ``layer_hook(n, x, residual)`` sees each layer's output pair.
+        ``layer_hook(n, x, residual)`` sees each layer's output pair. B is the cache's batch.
+        The values of ``start_pos`` are not checked (a host sync, and this is the captured step):
+        ``start_pos[b] + S`` past the cache gives finite, wrong logits. ``generate`` and
+        ``DecodeRunner.step`` check them where they are host ints.
         """
         c, w = self.config, self.weights
+        self._check_forward_args(ids, start_pos)
         batch, seq = ids.shape
         self._shape = (batch, seq)
         x = self.op(MODEL_LAYER, "embedding", "embedding", ids, w.embed)
@@ -348,6 +355,28 @@ class Decoder:
             if layer_hook is not None:
                 layer_hook(n, x, residual)
         return self.head(x, residual, all_logits)
+
+    def _check_forward_args(self, ids: torch.Tensor, start_pos: torch.Tensor) -> None:
+        """Shapes, dtypes and devices only: both models refuse what the kernels would."""
+        device = self.weights.embed.device
+        for name, t in (("ids", ids), ("start_pos", start_pos)):
+            if not isinstance(t, torch.Tensor) or t.device != device:
+                where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name}: expected a tensor on the model's device {device}, got {where}")
+        if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64) or ids.shape[1] == 0:
+            raise ValueError(
+                f"ids: expected int32 or int64 [B, S] with S >= 1, got {ids.dtype} {tuple(ids.shape)}"
+            )
+        if ids.shape[0] != self.max_batch:
+            raise ValueError(
+                f"ids: batch {ids.shape[0]} differs from the KV cache's batch {self.max_batch} "
+                "(build the model with max_batch equal to the batch it runs)"
+            )
+        if start_pos.dtype != torch.int32 or tuple(start_pos.shape) != (self.max_batch,):
+            raise ValueError(
+                f"start_pos: expected int32 [{self.max_batch}] (a position per row), "
+                f"got {start_pos.dtype} {tuple(start_pos.shape)}"
+            )
 
     def head(self, x: torch.Tensor, residual: torch.Tensor, all_logits: bool = False) -> torch.Tensor:
         """The final norm of the last layer's ``(x, residual)`` and the lm_head (see ``forward``)."""

@@ -10,15 +10,25 @@ from model.decoder import Decoder
 from model.graph import DecodeRunner
 
 
-def check_prompt(ids: torch.Tensor, model: Decoder, max_new_tokens: int) -> None:
-    """Refuse prompts the model cannot run, before any kernel sees them."""
+def cache_rows_needed(prompt_len: int, max_new_tokens: int) -> int:
+    """KV cache rows a generation writes: the prompt's, then every new token's but the last,
+    which is returned and never fed back."""
+    return prompt_len + max(max_new_tokens - 1, 0)
+
+
+def check_prompt(
+    ids: torch.Tensor, model: Decoder, max_new_tokens: int, eos_token_ids: Sequence[int] = ()
+) -> None:
+    """Refuse requests the model cannot run, before any kernel sees them."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"prompt ids: expected a torch.Tensor [batch, tokens], got {type(ids).__name__}")
     if ids.dim() != 2:
         raise ValueError(f"prompt ids: expected [batch, tokens], got shape {tuple(ids.shape)}")
     batch, length = ids.shape
     if length == 0 or batch == 0:
         raise ValueError("prompt ids: the prompt is empty")
-    if batch > model.max_batch:
-        raise ValueError(f"prompt ids: batch {batch} exceeds the model's cache batch {model.max_batch}")
+    if batch != model.max_batch:
+        raise ValueError(f"prompt ids: batch {batch} differs from the model's cache batch {model.max_batch}")
     if ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"prompt ids: expected an integer tensor, got {ids.dtype}")
     vocab = model.config.vocab_size
@@ -26,19 +36,22 @@ def check_prompt(ids: torch.Tensor, model: Decoder, max_new_tokens: int) -> None
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high
         raise ValueError(f"prompt ids: token id {bad} is outside the vocabulary [0, {vocab})")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
+    if isinstance(eos_token_ids, (str, bytes)) or not isinstance(eos_token_ids, Sequence):
+        raise ValueError(f"eos_token_ids: expected a sequence of token ids, got {eos_token_ids!r}")
+    if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in eos_token_ids):
+        raise ValueError(f"eos_token_ids: expected token ids in [0, {vocab}), got {list(eos_token_ids)!r}")
+    rows = cache_rows_needed(length, max_new_tokens)
+    request = f"a prompt of {length} tokens + {max_new_tokens} new tokens needs {rows} positions"
     limit = model.config.max_position_embeddings
-    if length + max_new_tokens > limit:
+    if rows > limit:
         raise ValueError(
-            f"prompt of {length} tokens + {max_new_tokens} new tokens exceeds the model's "
-            f"max_position_embeddings {limit} (the positions its config declares)"
+            f"{request}: more than the model's max_position_embeddings {limit} (the positions its "
+            "config declares)"
         )
-    if length + max_new_tokens > model.max_seq:
-        raise ValueError(
-            f"prompt of {length} tokens + {max_new_tokens} new tokens exceeds the KV cache capacity "
-            f"{model.max_seq}"
-        )
+    if rows > model.max_seq:
+        raise ValueError(f"{request}: more than the KV cache capacity {model.max_seq}")
 
 
 def prefill(model: Decoder, ids: torch.Tensor) -> torch.Tensor:
@@ -59,8 +72,10 @@ def generate(
     ``runner``: a ``DecodeRunner`` over ``model`` (CUDA Graph decode); without one, decode steps
     run eagerly, as the reference model does.
     """
+    if runner is not None and runner.model is not model:  # it would decode over another cache
+        raise ValueError("runner: a DecodeRunner over another model; build it over this one")
+    check_prompt(ids, model, max_new_tokens, eos_token_ids)
     ids = ids.to(model.weights.embed.device)
-    check_prompt(ids, model, max_new_tokens)
     batch, length = ids.shape
     tokens = torch.empty(batch, max_new_tokens, dtype=torch.int64, device=ids.device)
     if max_new_tokens == 0:

@@ -22,8 +22,8 @@ class DecodeRunner:
     def __init__(
         self, model: Decoder, batch: int, use_graph: bool | None = None, new_tokens: int = 1
     ) -> None:
-        if batch > model.max_batch:
-            raise ValueError(f"batch: {batch} exceeds the model's cache batch {model.max_batch}")
+        if batch != model.max_batch:  # the decoder runs the whole cache batch
+            raise ValueError(f"batch: {batch} differs from the model's cache batch {model.max_batch}")
         if not 0 < new_tokens <= model.max_seq:
             raise ValueError(f"new_tokens: {new_tokens} must be in 1..{model.max_seq} (the cache capacity)")
         self.model, self.batch, self.new_tokens = model, batch, new_tokens

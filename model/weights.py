@@ -110,11 +110,28 @@ def _weight_map(directory: Path) -> dict[str, Path]:
                 raise WeightsError(f"{index}: shard {file} is not a file of the checkpoint directory")
             if not file.is_file():
                 raise WeightsError(f"{index}: names shard {file.name}, which does not exist")
+        _check_shards_match(index, files)
         return files
     if not single.is_file():
         raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}")
     with _open(single) as f:
         return dict.fromkeys(f.keys(), single)
+
+
+def _check_shards_match(index: Path, files: dict[str, Path]) -> None:
+    """Every tensor a shard holds is one the index maps to that shard: a tensor the index leaves
+    out, or a second copy in another shard, would otherwise go unread and unnoticed."""
+    for file in sorted(set(files.values())):
+        with _open(file) as f:
+            stray = sorted(n for n in f.keys() if files.get(n) != file and not n.endswith(IGNORED_SUFFIXES))  # noqa: SIM118
+        if stray:
+            elsewhere = files.get(stray[0])
+            where = f"maps it to {elsewhere.name}" if elsewhere else "does not list it"
+            more = f", and {len(stray) - 1} more" if len(stray) > 1 else ""
+            raise WeightsError(
+                f"{file}: holds a tensor the shard index does not map here: {stray[0]} "
+                f"(the index {where}){more}"
+            )
 
 
 def _open(file: Path):
@@ -278,7 +295,12 @@ def load(
             raise WeightsError(_not_finite(files[name], name, tensor, dtype))
     if stored_head:
         [(_, head)] = list(_tensors(files, ["lm_head.weight"]))
-        if tuple(head.shape) != tuple(embed.shape) or not torch.equal(head.to(dev, dtype), embed):
+        if tuple(head.shape) != tuple(embed.shape):
+            raise WeightsError(
+                f"{files['lm_head.weight']}: tensor lm_head.weight has shape {tuple(head.shape)}, "
+                f"the config implies {tuple(embed.shape)} (tied to model.embed_tokens.weight)"
+            )
+        if not torch.equal(head.to(dev, dtype), embed):
             raise WeightsError(
                 f"{files['lm_head.weight']}: tensor lm_head.weight differs from model.embed_tokens.weight, "
                 "but the config ties them (tie_word_embeddings true): which head is meant?"

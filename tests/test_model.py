@@ -218,7 +218,7 @@ def _all_tensors(tri, runner) -> list[torch.Tensor]:
         ([[]], 1, "empty"),
         ([[1, 500]], 1, "token id 500 is outside the vocabulary"),
         ([[1, -1]], 1, "token id -1"),
-        ([[1] * 20], 10, "exceeds the KV cache capacity 24"),
+        ([[1] * 20], 6, "20 tokens \\+ 6 new tokens needs 25 positions: more than the KV cache capacity 24"),
     ],
 )
 def test_bad_prompts_are_refused(ids, new: int, message: str) -> None:
@@ -227,13 +227,62 @@ def test_bad_prompts_are_refused(ids, new: int, message: str) -> None:
         check_prompt(torch.tensor(ids, dtype=torch.int64).reshape(1, -1), tri, new)
 
 
+def test_a_generation_may_fill_the_cache_to_its_last_row() -> None:
+    """The last new token is returned, never fed back: a prompt of 20 and 5 new tokens fit 24 rows."""
+    ref, _ = _models()
+    roomy, _ = _models(max_seq=32)
+    ids = torch.randint(0, 120, (1, 20), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    assert torch.equal(generate(ref, ids, 5), generate(roomy, ids, 5))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda ref, ids: generate(ref, ids.tolist(), 2), "prompt ids: expected a torch.Tensor"),
+        (lambda ref, ids: generate(ref, ids, 2.0), "max_new_tokens: expected an int >= 0, got 2.0"),
+        (lambda ref, ids: generate(ref, ids, 2, eos_token_ids=3), "eos_token_ids: expected a sequence"),
+        (
+            lambda ref, ids: generate(ref, ids, 2, eos_token_ids=[120]),
+            r"eos_token_ids: expected token ids in \[0, 120\)",
+        ),
+        (lambda ref, ids: generate(ref, ids.expand(2, -1), 2), "batch 2 differs from the model's cache"),
+        (lambda ref, ids: DecodeRunner(ref, 2), "batch: 2 differs from the model's cache batch 1"),
+        (
+            lambda ref, ids: ref.forward(ids, torch.zeros(1, dtype=torch.int64, device=DEVICE)),
+            r"start_pos: expected int32 \[1\] \(a position per row\), got torch.int64 \(1,\)",
+        ),
+        (
+            lambda ref, ids: ref.forward(ids.expand(2, -1), torch.zeros(2, dtype=torch.int32, device=DEVICE)),
+            "ids: batch 2 differs from the KV cache's batch 1",
+        ),
+        (
+            lambda ref, ids: reference.build(ref.weights, 1, -1),
+            r"max_seq: expected a positive int \(the KV cache's size\), got -1",
+        ),
+    ],
+)
+def test_bad_generation_requests_are_refused(call, message: str) -> None:
+    ref, _ = _models()
+    ids = torch.ones(1, 3, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        call(ref, ids)
+
+
+def test_a_runner_over_another_model_is_refused() -> None:
+    """Prefill would fill this model's cache and decode would read the other's."""
+    _, tri = _models()
+    _, other = _models()
+    with pytest.raises(ValueError, match="runner: a DecodeRunner over another model"):
+        generate(tri, torch.ones(1, 3, dtype=torch.int64), 2, runner=DecodeRunner(other, 1))
+
+
 def test_positions_past_the_configs_max_position_embeddings_are_refused(monkeypatch) -> None:
     _, tri = _models()
     monkeypatch.setattr(tri, "config", dataclasses.replace(tri.config, max_position_embeddings=16))
     ids = torch.ones(1, 10, dtype=torch.int64)
-    check_prompt(ids, tri, 6)
-    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings 16"):
-        check_prompt(ids, tri, 7)
+    check_prompt(ids, tri, 7)  # the 7th new token is returned, never fed: 16 positions
+    with pytest.raises(ValueError, match="needs 17 positions: more than the model's max_position_embeddings"):
+        check_prompt(ids, tri, 8)
 
 
 @pytest.mark.gpu

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,10 @@ def _tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
         (
             lambda t: t.update({"lm_head.weight": torch.ones(96, 64, dtype=torch.bfloat16)}),
             "lm_head.weight differs from model.embed_tokens.weight, but the config ties them",
+        ),
+        (
+            lambda t: t.update({"lm_head.weight": torch.ones(5, 64, dtype=torch.bfloat16)}),
+            "lm_head.weight has shape (5, 64), the config implies (96, 64) (tied to model.embed_tokens",
         ),
     ],
 )
@@ -228,6 +233,29 @@ def test_an_index_mapping_a_tensor_to_the_wrong_shard_names_both(tmp_path: Path)
         model_weights.load(tmp_path, cfg, "cpu")
 
 
+@pytest.mark.parametrize(
+    ("stray", "where"),
+    [
+        ("model.extra.weight", "does not list it"),
+        ("model.layers.0.input_layernorm.weight", "maps it to rest.safetensors"),  # a second copy
+    ],
+)
+def test_a_shard_holding_a_tensor_the_index_does_not_map_there_is_refused(
+    tmp_path: Path, stray: str, where: str
+) -> None:
+    """In a single file an extra tensor is refused as unexpected; in a shard it would go unread."""
+    cfg = TINY["qwen3"]
+    tensors = _tensors(cfg)
+    norm_weight = tensors.pop("model.norm.weight")
+    _write(tmp_path, tensors, cfg)
+    (tmp_path / "model.safetensors").rename(tmp_path / "rest.safetensors")
+    save_file({"model.norm.weight": norm_weight, stray: -norm_weight}, str(tmp_path / "more.safetensors"))
+    _index(tmp_path, dict.fromkeys(tensors, "rest.safetensors") | {"model.norm.weight": "more.safetensors"})
+    message = f"holds a tensor the shard index does not map here: {stray} (the index {where})"
+    with pytest.raises(WeightsError, match="more.safetensors: " + re.escape(message)):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
 def test_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
     cfg = TINY["qwen3"]
     _write(tmp_path, _tensors(cfg), cfg)
@@ -289,6 +317,9 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         ({"rope_scaling": "linear"}, "rope_scaling: expected an object"),
         ({"mlp_bias": True}, "mlp_bias is not implemented"),
         ({"pretraining_tp": 2}, "pretraining_tp != 1 is not implemented"),
+        ({"use_sliding_window": "false"}, "use_sliding_window: expected true or false, got 'false'"),
+        ({"mlp_bias": "false"}, "mlp_bias: expected true or false, got 'false'"),
+        ({"attention_bias": 0}, "attention_bias: expected true or false, got 0"),
         ({"rms_norm_eps": math.inf}, "rms_norm_eps: expected a positive finite number, got inf"),
         ({"eos_token_id": -1}, r"eos_token_id: expected token ids in \[0, 96\), got -1"),
         ({"eos_token_id": True}, r"eos_token_id: expected token ids in \[0, 96\), got True"),
@@ -322,6 +353,13 @@ def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: 
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=message):
         model_config.load(tmp_path)
+
+
+def test_fields_at_their_defaults_or_null_load() -> None:
+    """null where transformers reads its default (pretraining_tp 1), and features switched off."""
+    off = {"pretraining_tp": None, "use_sliding_window": False, "sliding_window": 4096, "mlp_bias": False}
+    cfg = model_config.to_hf_dict(TINY["qwen3"]) | off | {"attention_bias": False}
+    assert model_config.from_hf_dict(cfg) == model_config.from_hf_dict(model_config.to_hf_dict(TINY["qwen3"]))
 
 
 @pytest.mark.parametrize(

@@ -222,8 +222,8 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         (
             "verify.e2e",
             ("--new-tokens", "10" * 6),
-            "--new-tokens 101010101010: the prompt's 12 tokens + 101010101010 new tokens exceed the model's "
-            "max_position_embeddings 512",
+            "--new-tokens 101010101010: the prompt's 12 tokens + 101010101010 new tokens need 101010101021 "
+            "positions, more than the model's max_position_embeddings 512",
         ),
         ("verify.e2e", ("--prompt", "hello"), "needs a tokenizer"),
         ("verify.e2e", ("--against", "reference,vllm"), "--against"),
@@ -256,6 +256,7 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.e2e", ("--against", "hf"), "--against 'hf': expected 'reference' and optionally 'hf'"),
         ("verify.e2e", ("--model", "README.md"), "--model README.md: expected a checkpoint directory"),
         ("verify.e2e", ("--prompt-ids", "1,x"), "--prompt-ids '1,x': expected comma-separated integers"),
+        ("verify.e2e", ("--prompt-ids", "1,,2"), "--prompt-ids '1,,2': expected comma-separated integers"),
         ("verify.bisect", ("--inject", "rms_norm=torch:add@x"), "layers must be a number, a comma list"),
         ("verify.bisect", ("--inject", "rms_norm=torch:add@-1"), "layer -1 is out of range"),  # not the last
         (

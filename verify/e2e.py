@@ -260,7 +260,7 @@ def _tokenizer(directory) -> object:
 
 def _parse_ids(text: str) -> list[int]:
     try:
-        return [int(t) for t in text.split(",") if t.strip()]
+        return [int(t) for t in text.split(",")] if text.strip() else []  # "1,,2": an error, not [1, 2]
     except ValueError:
         raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
 
@@ -279,11 +279,14 @@ def _checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
 def _check_positions(prompt_len: int, new_tokens: int, config) -> None:
     """Before the models are built: the KV cache is sized by the request, so a request past
     the config's positions must be refused before it is allocated."""
+    from model.generate import cache_rows_needed
+
     limit = config.max_position_embeddings
-    if prompt_len + new_tokens > limit:
+    rows = cache_rows_needed(prompt_len, new_tokens)
+    if rows > limit:
         raise UsageError(
             f"--new-tokens {new_tokens}: the prompt's {prompt_len} tokens + {new_tokens} new tokens "
-            f"exceed the model's max_position_embeddings {limit}"
+            f"need {rows} positions, more than the model's max_position_embeddings {limit}"
         )
 
 
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         directory, config = model_loading.checkpoint_config(args.model)
         prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
         _check_positions(prompt.shape[1], args.new_tokens, config)
-        needed = prompt.shape[1] + args.new_tokens
+        needed = prompt.shape[1] + args.new_tokens - 1  # the last new token is never fed back
         what = f"the prompt's {prompt.shape[1]} tokens + {args.new_tokens} new tokens"
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)
         run_json = {
