@@ -24,6 +24,22 @@ def cli(module: str, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [(("rms_norm", "--examples", "1"), 0), (("rms_norm", "--impl", "torch:add", "--examples", "1"), 1)],
+)
+def test_a_reader_of_stdout_leaving_early_keeps_the_status(args: tuple[str, ...], status: int) -> None:
+    """``verify.op ... | grep -q VERIFIED`` under pipefail: the verdict's status, not a traceback and 1."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "verify.op", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+    )  # fmt: skip
+    run.stdout.close()  # gone before the first line: every write meets a closed pipe
+    _, err = run.communicate(timeout=900)
+    assert run.returncode == status, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
 def bisect(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     report = tmp_path / "bisect.json"
     run = cli(

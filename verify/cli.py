@@ -49,10 +49,42 @@ EPILOG = (
 )
 
 
+class _ReaderMayLeave:
+    """``sys.stdout`` whose reader may stop reading (``| head -1``, ``| grep -q VERIFIED``): what
+    is written after that goes to /dev/null, so the run still ends with its own verdict, not a
+    ``BrokenPipeError`` traceback and status 1, the code for a divergence."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _gone(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # what is still buffered drains there too
+        os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def exit_with(main: Callable[[], int]) -> None:
     """Run a CLI's ``main`` and exit with its status; Ctrl-C (an implementation that hangs, say)
     ends it with the shell's 130 and one line, not a traceback from wherever it was, and a
-    :class:`UsageError` raised late (a ``--json`` that cannot be written after all) with 2."""
+    :class:`UsageError` raised late (a ``--json`` that cannot be written after all) with 2. A
+    reader of stdout that leaves early does not change the status."""
+    sys.stdout = _ReaderMayLeave(sys.stdout)
     try:
         status = main()
     except KeyboardInterrupt:

@@ -139,4 +139,8 @@ def failure_site(exc: BaseException) -> str:
             frames = frames[:-1]
     own = [f for f in frames if not f.filename.startswith(_NOT_USER_CODE)]
     shown = ([own[-1]] if own and own[-1] is not frames[-1] else []) + frames[-1:]
+    here = Path.cwd()
+    for frame in shown:  # paths under the working directory as the user typed them
+        if Path(frame.filename).is_relative_to(here):
+            frame.filename = str(Path(frame.filename).relative_to(here))
     return "".join(traceback.format_list(shown) + traceback.format_exception_only(exc))
