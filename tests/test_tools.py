@@ -693,14 +693,20 @@ def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:
     from ops import gemm_config
     from verify.bench.model import gemm_overrides, parse_overrides
 
-    overrides = parse_overrides("9728x1024=gemv n8 k1024 w4 s1; 1024x4864=gemv n2 k512 splitK2 w4 s4")
+    shapes = {(9728, 1024), (1024, 4864), (1536, 1024)}
+    overrides = parse_overrides("9728x1024=gemv n8 k1024 w4 s1; 1024x4864=gemv n2 k512 splitK2 w4 s4", shapes)
     assert overrides == {
         (1, 9728, 1024): gemm_config.GemmConfig("gemv", 1, 8, 1024, 1, 4, 1),
         (1, 1024, 4864): gemm_config.GemmConfig("gemv", 1, 2, 512, 2, 4, 4),
     }
-    for bad, message in (("9728x1024=gemv n8", "expected e.g."), ("9728=gemv n8 k512 w4 s4", "NxK=CONFIG")):
+    for bad, message in (
+        ("9728x1024=gemv n8", "expected e.g."),
+        ("9728=gemv n8 k512 w4 s4", "NxK=CONFIG"),
+        ("1x1=gemv n8 k1024 w4 s1", r"1x1 is no projection of the model \(N x K: 1024x4864, 1536x1024, 9728"),
+        ("9728x1024=gemv n8 k1024 w4 s1;9728x1024=gemv n4 k1024 w4 s1", "9728x1024 is given twice"),
+    ):
         with pytest.raises(ValueError, match=message):
-            parse_overrides(bad)
+            parse_overrides(bad, shapes)
     before = dict(gemm_config.CONFIGS)
     with gemm_overrides(overrides):
         assert gemm_config.table_config(1, 9728, 1024) == overrides[(1, 9728, 1024)]

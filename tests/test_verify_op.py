@@ -104,6 +104,22 @@ def test_broken_kernel_from_a_file_diverges_with_a_small_repro(tmp_path: Path) -
     assert rerun.returncode == 1 and "DIVERGES" in rerun.stdout
 
 
+def test_a_failing_named_example_is_reported_as_such_not_as_shrunk(tmp_path: Path) -> None:
+    impl = tmp_path / "wrong_on_the_example.py"
+    impl.write_text(
+        "from references.norm import rms_norm as reference\n"
+        "def rms_norm(x, weight, eps):\n"
+        "    y = reference(x, weight, eps)\n"
+        "    return 2 * y if tuple(x.shape) == (3, 65) and not x.is_contiguous() else y\n"
+    )
+    report = tmp_path / "out.json"
+    run = verify_op("rms_norm", "--impl", f"{impl}:rms_norm", "--examples", "5", "--json", str(report))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "failing named example 'typical: 3 rows of 65, strided' (no drawn case failed" in run.stdout
+    assert "after shrinking" not in run.stdout
+    assert json.loads(report.read_text())["failing_example"] == "typical: 3 rows of 65, strided"
+
+
 def test_a_case_that_hangs_ends_the_run_with_its_repro(tmp_path: Path) -> None:
     """A kernel whose programs wait for a flag no program sets never returns; the watchdog names
     the case and exits 1, rather than leaving the run to hang, and its repro hangs up the same way."""

@@ -337,10 +337,11 @@ def _clipped(text: str, width: int) -> str:
 
 
 def print_drill(ops: list[OpResult]) -> None:
-    print(f"\n{'point':<13} {'op':<19} {'verdict':<8} {'max abs':>9}  detail")
+    width = max(len("op"), *(len(r.op) for r in ops))  # fused ops' names run long
+    print(f"\n{'point':<13} {'op':<{width}} {'verdict':<8} {'max abs':>9}  detail")
     for r in ops:
         print(
-            f"{r.point:<13} {r.op:<19} {'ok' if r.passed else 'DIVERGES':<8} {r.max_abs:>9.3g}  "
+            f"{r.point:<13} {r.op:<{width}} {'ok' if r.passed else 'DIVERGES':<8} {r.max_abs:>9.3g}  "
             f"{_clipped(r.detail, 90)}"
         )
         if not r.passed:
@@ -471,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
         f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {args.prompt_len} tokens "
-        f"+ {args.decode_steps} decode steps, KV cache {max_seq} rows; a layer is judged by its "
-        f"teacher-forced rel L2 against the threshold, {factor:g} x plain bf16 torch's on the same layer "
+        f"+ {cli.counted(args.decode_steps, 'decode step')}, KV cache {max_seq} rows; a layer is judged by "
+        f"its teacher-forced rel L2 against the threshold, {factor:g} x plain bf16 torch's on the same layer "
         "input (free-running drift is shown, not judged)"
     )
     for inj in injections:
@@ -490,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             save_dir.rmdir()  # nothing failed: no inputs were saved
     print()
     if report.first is None:
-        print(f"VERIFIED: every layer within its threshold at prefill and {args.decode_steps} decode steps")
+        steps = cli.counted(args.decode_steps, "decode step")
+        print(f"VERIFIED: every layer within its threshold at prefill and {steps}")
     else:
         report.verdict = "DIVERGES"
         f = report.first

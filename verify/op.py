@@ -59,7 +59,7 @@ def _list_ops(json_path: str | None) -> int:
     listed = [
         {
             "op": s.name,
-            "article_ops": list(s.article_ops),
+            "article_ops": sorted(s.article_ops, key=lambda n: (isinstance(n, str), n)),  # 2, 11, qk-norm
             "rule": rule(s.tolerance),
             "mutates": list(s.mutates),
         }
@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                 "  deterministic (a race, memory read before it is written, state kept between calls);\n"
                 "  a case that failed once, not shrunk (its repro may pass):"
             )
+        elif outcome.failing_example is not None:
+            name = outcome.failing_example
+            print(f"  failing named example {name!r} (no drawn case failed: nothing to shrink):")
         else:
             print("  smallest failing case after shrinking:")
         print("  " + outcome.failure.describe().replace("\n", "\n  "))
@@ -237,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             "worst_tolerance_used": outcome.worst.used if outcome.worst else None,
             "worst": outcome.worst.as_json() if outcome.worst else None,  # the closest to failing
             "failure": outcome.failure.as_json() if outcome.failure else None,
+            "failing_example": outcome.failing_example,  # the failure's named example, not shrunk
             "nondeterministic": outcome.nondeterministic,
             "device_lost": outcome.device_lost,
             "hung": False,

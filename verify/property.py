@@ -30,6 +30,7 @@ class Outcome:
     coverage: collections.Counter = field(default_factory=collections.Counter)
     worst: CheckResult | None = None  # the passing case closest to its tolerance
     failure: CheckResult | None = None  # after shrinking: the smallest failing case
+    failing_example: str | None = None  # the named example the failure is, when no drawn case failed
     nondeterministic: bool = False  # the failure did not repeat when its case ran again
     device_lost: bool = False  # the failure faulted the GPU: the run stopped there, not shrunk
 
@@ -109,7 +110,7 @@ def _search(
             progress(f"example {example['name']}: {'ok' if result.passed else 'DIVERGES'}")
         if not result.passed and outcome.failure is None:
             # keep searching: the drawn cases shrink to a smaller repro than a named shape
-            outcome.passed, outcome.failure = False, result
+            outcome.passed, outcome.failure, outcome.failing_example = False, result, example["name"]
 
     failing_seen = False
 
@@ -129,7 +130,7 @@ def _search(
             progress(f"{outcome.cases} cases")
         if not result.passed:
             failing_seen = True
-            outcome.failure = result
+            outcome.failure, outcome.failing_example = result, None
             raise AssertionError(result.describe())
 
     test = property_holds if random_seed is None else seed(random_seed)(property_holds)

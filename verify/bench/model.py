@@ -32,6 +32,7 @@ from verify import cli
 from verify.bench import timing
 from verify.cli import UsageError, add_cache_argument
 from verify.models import cache_rows
+from verify.strategies.gemm import projections
 
 SKIPPABLE = ("unfused", "eager", "reference", "compile", "hf")  # rows besides the graph decode
 GRAPH_ROW, PEER_ROW = "triton + CUDA graph", "plain torch bf16 + torch.compile + CUDA graph"
@@ -134,8 +135,11 @@ def roofline_seconds(config: ModelConfig, context: int, bandwidth: float) -> tup
     return total / bandwidth, total
 
 
-def parse_overrides(text: str) -> dict[tuple[int, int, int], gemm_config.GemmConfig]:
-    """``"9728x1024=gemv n8 k1024 w4 s1;1024x4864=..."``: decode (M=1) GEMM configs by ``N x K``."""
+def parse_overrides(
+    text: str, shapes: set[tuple[int, int]]
+) -> dict[tuple[int, int, int], gemm_config.GemmConfig]:
+    """``"9728x1024=gemv n8 k1024 w4 s1;1024x4864=..."``: decode (M=1) GEMM configs by ``N x K``,
+    each one of ``shapes`` (the model's projections): another would time the table's configs."""
     overrides = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         shape, sep, config = part.partition("=")
@@ -144,7 +148,13 @@ def parse_overrides(text: str) -> dict[tuple[int, int, int], gemm_config.GemmCon
             raise ValueError(
                 f"--try-config {part!r}: expected NxK=CONFIG, e.g. 9728x1024=gemv n8 k1024 w4 s1"
             )
-        overrides[(1, int(n), int(k))] = gemm_config.GemmConfig.parse(config)
+        key = (1, int(n), int(k))
+        if key[1:] not in shapes:
+            known = ", ".join(f"{n}x{k}" for n, k in sorted(shapes))
+            raise ValueError(f"--try-config {part!r}: {n}x{k} is no projection of the model (N x K: {known})")
+        if key in overrides:
+            raise ValueError(f"--try-config {text!r}: {n}x{k} is given twice")
+        overrides[key] = gemm_config.GemmConfig.parse(config)
     if not overrides:
         raise ValueError(f"--try-config {text!r}: no NxK=CONFIG in it")
     return overrides
@@ -281,15 +291,20 @@ def main(argv: list[str] | None = None) -> int:
         help="time the graph decode rows this many times, interleaved (median)",
     )
     args = p.parse_args(argv)
+    cfg = PRESETS[args.preset]
+    shapes = {(proj.n, proj.k) for proj in projections(
+        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+        cfg.vocab_size, cfg.qkv_bias,
+    )}  # fmt: skip
     try:
-        variants = [(text, parse_overrides(text)) for text in args.try_config]
+        variants = [(text, parse_overrides(text, shapes)) for text in args.try_config]
     except ValueError as error:
         p.error(str(error))
     skip = set(filter(None, args.skip.split(",")))
     if skip - set(SKIPPABLE):
         p.error(f"--skip: unknown row {sorted(skip - set(SKIPPABLE))[0]!r}; rows: {', '.join(SKIPPABLE)}")
     cli.require_output_file(p, "--json", args.json)
-    cfg, length, new = PRESETS[args.preset], args.prompt_len, args.new_tokens
+    length, new = args.prompt_len, args.new_tokens
     try:  # the warm-up step writes one row past the last token
         max_seq = cache_rows(args.cache_len, length + new + 1, "the prompt, the new tokens and one more", cfg)
     except UsageError as error:
