@@ -237,6 +237,22 @@ def test_a_non_finite_element_where_the_reference_is_finite_is_caught(op: str, b
     assert "first at" in text and "among the finite elements: max abs diff" in text and "worst at" not in text
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf * 0
+@pytest.mark.parametrize("op", ["silu_mul", "rms_norm"])  # allclose, max_error_ratio
+def test_a_finite_element_where_the_reference_is_not_is_caught(op: str) -> None:
+    """Where the reference is inf or NaN the output must be the same: under allclose and
+    max_error_ratio that rule alone stands between a kernel clamping an overflow and a pass."""
+    spec, case = _case(op)
+    case.args[0][(0,) * (case.args[0].dim() - 1) + (5,)] = float("inf")  # silu_mul: inf; rms_norm: a NaN row
+    assert check(spec, case).passed  # the kernel matches the non-finite reference
+
+    def clamped(*args):
+        return torch.nan_to_num(spec.impl(*args), nan=0.0, posinf=1.0, neginf=-1.0)
+
+    result = check(spec, case, clamped)
+    assert not result.passed and result.outputs[0].reason.startswith("NaN/Inf not matched")
+
+
 def test_an_output_of_a_broadcastable_wrong_shape_is_caught() -> None:
     spec, case = _case("rms_norm")
     result = check(spec, case, lambda x, w, eps: norm.rms_norm(x, w, eps)[None])

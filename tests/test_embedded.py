@@ -111,9 +111,7 @@ def test_default_model_margins(default_ckpt: Path) -> None:
 def test_ensure_is_idempotent(default_ckpt: Path, cache: Path) -> None:
     files = ("model.safetensors", "config.json", "BUILD.json")
     before = {n: (default_ckpt / n).stat().st_mtime_ns for n in files}
-    start = time.perf_counter()
-    assert embedded.ensure(embedded.DEFAULT_FAMILY, cache) == default_ckpt
-    assert time.perf_counter() - start < 1.0
+    assert embedded.ensure(embedded.DEFAULT_FAMILY, cache) == default_ckpt  # the mtimes say: no rebuild
     assert {n: (default_ckpt / n).stat().st_mtime_ns for n in files} == before
     leftovers = [p for p in cache.iterdir() if p.is_dir() and p.name.startswith(f".{default_ckpt.name}.")]
     assert not leftovers  # no temp dirs left (other builds may be under way in this shared cache)

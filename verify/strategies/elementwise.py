@@ -82,14 +82,14 @@ def _silu_example(name: str, m: int, n: int, **extra: object) -> dict:
 
 ADD_EXAMPLES = (
     _add_example("typical: 3 x 65, strided", [3], 65, pad=2, gpu=False),
-    _add_example("article decode residual", [1, 1], 1024),
+    _add_example("article decode residual", [1, 1], 1024, gpu=False),
     _add_example("article prefill residual", [1, 256], 1024),
     _add_example("qwen2.5 residual, large values", [4, 33], 896, dist="large"),
 )
 SILU_MUL_EXAMPLES = (
     _silu_example("typical: 3 x 65 fused", 3, 65, gpu=False),
     _silu_example("fp32 to 1e4: exp overflows", 5, 33, dtype="float32", dist="large", gpu=False),
-    _silu_example("article decode (intermediate 4864)", 1, 4864),
+    _silu_example("article decode (intermediate 4864)", 1, 4864, gpu=False),
     _silu_example("article prefill 256 x 4864", 256, 4864),
     _silu_example("qwen3-0.6b prefill (intermediate 3072)", 129, 3072, dist="large"),
 )

@@ -328,7 +328,7 @@ SPLITK_REDUCE_EXAMPLES = (
     _reduce_example("typical: 3 splits of 3 x 65, strided rows", 3, 3, 65, pad=2, gpu=False),
     # one split already in the output dtype: a reduce that hands back its input (a view) is wrong
     _reduce_example("one split of 2 x 3 to fp32", 1, 2, 3, dtype="float32", gpu=False),
-    _reduce_example("down_proj decode: 8 splits of 1 x 1024", 8, 1, 1024),
+    _reduce_example("down_proj decode: 8 splits of 1 x 1024", 8, 1, 1024, gpu=False),
     _reduce_example("lm_head decode: 4 splits of 1 x 151936, large values", 4, 1, 151936, dist="large"),
     _reduce_example("prefill: 2 splits of 256 x 1024 to fp16", 2, 256, 1024, dtype="float16"),
 )

@@ -85,17 +85,17 @@ def _example(name: str, lead: list[int], n: int, **extra: object) -> dict:
 
 RMS_NORM_EXAMPLES = (
     _example("typical: 3 rows of 65, strided", [3], 65, pad=3, gpu=False),
-    _example("article decode row (hidden 1024)", [1], 1024),
+    _example("article decode row (hidden 1024)", [1], 1024, gpu=False),
     _example("article prefill 256 x 1024", [1, 256], 1024),
-    _example("qwen2.5 hidden 896, large values", [1, 64], 896, dist="large"),
+    _example("qwen2.5 hidden 896, large values", [1, 64], 896, dist="large", gpu=False),
     _example("qwen3 qk-norm on the fused QKV output", [1, 256, 16], 128, head_gap=16),
-    _example("intermediate width 4864, strided", [2, 7], 4864, pad=5),
+    _example("intermediate width 4864, strided", [2, 7], 4864, pad=5, gpu=False),
     _example("tiny values hit eps", [3], 1024, dist="tiny", eps=1e-5, gpu=False),
 )
 # add_rms_norm takes every shape but the qk-norm head view (the model's qk-norm adds nothing)
 ADD_RMS_NORM_EXAMPLES = (
     *({**e, "residual_pad": 0} for e in RMS_NORM_EXAMPLES if "head_gap" not in e),
-    _example("qwen2.5 residual add, strided residual", [2, 5], 896, residual_pad=7),
+    _example("qwen2.5 residual add, strided residual", [2, 5], 896, residual_pad=7, gpu=False),
 )
 
 

@@ -176,9 +176,9 @@ def _rope_example(name: str, b: int, s: int, heads: int, head_dim: int, start: i
 
 ROPE_COS_SIN_EXAMPLES = (
     _cos_sin_example("typical: 2 x 5 positions, rotary 34", 2, 5, 34, 7, gpu=False),
-    _cos_sin_example("article decode at position 32767", 1, 1, 128, 32767),
+    _cos_sin_example("article decode at position 32767", 1, 1, 128, 32767, gpu=False),
     _cos_sin_example("article prefill 2048", 1, 2048, 128, 0),
-    _cos_sin_example("qwen2.5 head_dim 64, scattered", 4, 100, 64, 4095, positions="scattered"),
+    _cos_sin_example("qwen2.5 head_dim 64, scattered", 4, 100, 64, 4095, positions="scattered", gpu=False),
 )
 APPLY_ROPE_EXAMPLES = (
     _rope_example(
@@ -192,7 +192,7 @@ APPLY_ROPE_EXAMPLES = (
         head_offset=1,
         gpu=False,
     ),
-    _rope_example("article q decode (8 heads x 128)", 1, 1, 8, 128, 4095),
+    _rope_example("article q decode (8 heads x 128)", 1, 1, 8, 128, 4095, gpu=False),
     _rope_example("article k prefill 256 (2 kv heads) in fused QKV", 1, 256, 2, 128, 0, head_offset=8),
     _rope_example("qwen2.5 q prefill (14 heads x 64)", 1, 129, 14, 64, 0),
 )
