@@ -39,7 +39,7 @@ for stage in $stages; do
         # injected op that faults the GPU inside verify.e2e and verify.bisect
         tests) run tests 330 python -m pytest -n 16 -q -p no:cacheprovider --durations=12 tests/test_ops.py tests/test_compare.py \
             tests/test_model.py tests/test_gemm.py tests/test_attention.py tests/test_fused_linear.py \
-            tests/test_rope_kv_store.py tests/test_strategy_reach.py tests/test_rounding.py tests/test_embedding.py \
+            tests/test_rope_kv_store.py tests/test_strategy_reach.py tests/test_rounding.py tests/test_embedding.py tests/test_aliasing.py \
             tests/test_gpu_faults.py tests/test_tools.py::test_an_injected_kernel_reading_far_outside_x_is_a_divergence ;;
         # and again over the article's whole 32768-row context (a server's cache): decode attention
         # then shares a short sequence out over many splits and combines only the busy ones
