@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -178,7 +179,7 @@ def check_recorded_ops(
         shapes = describe_inputs(case)
         if not result.passed:
             on_cpu = tuple(clone_preserving_layout(a, "cpu") if torch.is_tensor(a) else a for a in args)
-            file.parent.mkdir(parents=True, exist_ok=True)  # --repro-dir is made when first needed
+            file.parent.mkdir(parents=True, exist_ok=True)  # the directory is made when first needed
             torch.save({"op": call.op, "args": on_cpu}, file)
         worst = next((o for o in result.outputs if not o.passed), None)
         where = f"; failing elements: {worst.failing_at}" if worst and worst.failing_at else ""
@@ -468,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         for inj in injections
         for n in (inj.layers if inj.layers is not None else range(models.config.num_layers))
     }
-    save_dir = Path(args.repro_dir) if args.repro_dir else Path(tempfile.mkdtemp(prefix="bisect-"))
+    # made when the first input is saved, so a run that finds nothing (or is ended by the
+    # watchdog) leaves no empty directory behind
+    save_dir = Path(args.repro_dir or Path(tempfile.gettempdir()) / f"bisect-{uuid.uuid4().hex[:8]}")
     print(
         f"verify.bisect: {models.directory} ({models.config.family}, {models.config.num_layers} layers), "
         f"backend {backend.name()}, {model_loading.describe_ops(models)}, prompt {args.prompt_len} tokens "
@@ -486,9 +489,6 @@ def main(argv: list[str] | None = None) -> int:
     except reference.NonFiniteReference as exc:
         print(f"verify.bisect: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if args.repro_dir is None and not any(save_dir.iterdir()):
-            save_dir.rmdir()  # nothing failed: no inputs were saved
     print()
     if report.first is None:
         steps = cli.counted(args.decode_steps, "decode step")
