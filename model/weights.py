@@ -123,7 +123,8 @@ def _check_shards_match(index: Path, files: dict[str, Path]) -> None:
     out, or a second copy in another shard, would otherwise go unread and unnoticed."""
     for file in sorted(set(files.values())):
         with _open(file) as f:
-            stray = sorted(n for n in f.keys() if files.get(n) != file and not n.endswith(IGNORED_SUFFIXES))  # noqa: SIM118
+            held = f.keys()
+        stray = sorted(n for n in held if files.get(n) != file and not n.endswith(IGNORED_SUFFIXES))
         if stray:
             elsewhere = files.get(stray[0])
             where = f"maps it to {elsewhere.name}" if elsewhere else "does not list it"
