@@ -289,6 +289,24 @@ def test_bad_usage_exits_2(module: str, args: tuple[str, ...], message: str) -> 
 
 
 @pytest.mark.parametrize(
+    ("module", "args", "message"),
+    [
+        ("verify.e2e", ("--prompt-ids", "99999999"), "token id 99999999 is outside the vocabulary"),
+        ("verify.e2e", ("--new-tokens", "40000"), "more than the model's max_position_embeddings 32768"),
+        ("verify.bisect", ("--cache-len", "40000"), "--cache-len 40000: exceeds the model's max_position"),
+    ],
+)
+def test_a_presets_bad_request_is_refused_before_its_checkpoint_is_built(
+    module: str, args: tuple[str, ...], message: str
+) -> None:
+    """The preset's config is known without its 0.65B-parameter random checkpoint: no note that one
+    is about to be built and run, no minutes of writing it, just the refusal."""
+    run = cli(module, "--model", "article", *args)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert message in run.stderr and "parameters" not in run.stderr
+
+
+@pytest.mark.parametrize(
     ("module", "args"),
     [("verify.op", ("rms_norm",)), ("verify.op", ("--list",)), ("verify.e2e", ()), ("verify.bisect", ()),
      ("verify.bench", ("gemm",))],

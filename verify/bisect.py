@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_output_dir("--repro-dir", args.repro_dir)
         injections = [model_loading.parse_injection(t) for t in args.inject]
         device = backend.device()
-        directory, config = model_loading.checkpoint_config(args.model)
+        config = model_loading.requested_config(args.model)  # checked before a checkpoint is built
         max_seq = args.prompt_len + args.decode_steps
         if max_seq > config.max_position_embeddings:  # checked before a KV cache of max_seq exists
             raise model_loading.UsageError(
@@ -450,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
         max_seq = model_loading.cache_rows(args.cache_len, max_seq, what, config)
+        directory, config = model_loading.checkpoint_config(args.model)
         report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq)
 
         def hung(inj: model_loading.Injection, seconds: float) -> None:  # on the watchdog's thread

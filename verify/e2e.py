@@ -370,12 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_output_file("--json", args.json)
         injections = [model_loading.parse_injection(text) for text in args.inject]
         device = backend.device()
-        directory, config = model_loading.checkpoint_config(args.model)
+        if args.prompt is None:  # no tokenizer: the request is checked before a checkpoint is built
+            directory, config = None, model_loading.requested_config(args.model)
+        else:
+            directory, config = model_loading.checkpoint_config(args.model)
         prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
         _check_positions(prompt.shape[1], args.new_tokens, config)
         needed = prompt.shape[1] + args.new_tokens - 1  # the last new token is never fed back
         what = f"the prompt's {prompt.shape[1]} tokens + {args.new_tokens} new tokens"
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)
+        if directory is None:
+            directory, config = model_loading.checkpoint_config(args.model)
         run_json = {
             "model": str(directory),
             "backend": backend.name(),

@@ -200,6 +200,19 @@ def checkpoint_config(model: str | None) -> tuple[Path, model_config.ModelConfig
         raise UsageError(f"--model: {exc}") from None
 
 
+def requested_config(model: str | None) -> model_config.ModelConfig:
+    """The config ``--model`` names, without building anything: the embedded default's and a
+    preset's are known before their checkpoints exist, so a request is refused before one is
+    trained or written (then :func:`checkpoint_config` builds it)."""
+    if model is None:
+        from model import embedded
+
+        return model_config.from_hf_dict(embedded.tiny_config(embedded.DEFAULT_FAMILY))
+    if model in model_config.PRESETS:
+        return model_config.PRESETS[model]
+    return checkpoint_config(model)[1]
+
+
 @dataclass
 class Models:
     """A checkpoint loaded once, with the reference and Triton decoders over its weights."""
