@@ -767,10 +767,15 @@ def test_attention_decode_target_states_the_launch_ceiling() -> None:
     from verify.bench.attention import _targets
 
     rows = [
-        {"kind": "prefill", "shape": "S=2048", "speed_vs_sdpa": 1.5},
+        {"kind": "prefill", "shape": "S=2048", "speed_vs_sdpa": 1.5, "passed": True, "graphed": True},
         {"kind": "decode", "shape": "cache=4096", "speed_vs_sdpa": 2.0, "pct_bandwidth": 14.0,
-         "kv_bytes": 4e6, "launches": 2},
+         "kv_bytes": 4e6, "launches": 2, "passed": True, "graphed": True},
     ]  # fmt: skip
-    decode_bandwidth = _targets(rows, bandwidth=4e12, launch_s=1e-6)[1]
-    assert not decode_bandwidth["met"]
+    prefill, decode_bandwidth, decode_speed = _targets(rows, bandwidth=4e12, launch_s=1e-6)
+    assert prefill["met"] and decode_speed["met"] and not decode_bandwidth["met"]
     assert decode_bandwidth["value"] == "14% (at most 50% with 2 launches of 1.00 us or more)"
+    # a fast wrong answer, or a time with host launches in it, meets nothing
+    rows[0]["passed"], rows[1]["graphed"] = False, False
+    prefill, _, decode_speed = _targets(rows, bandwidth=4e12, launch_s=1e-6)
+    assert not prefill["met"] and prefill["value"] == "150% (its check failed)"
+    assert not decode_speed["met"] and decode_speed["value"] == "2.00x (not timed in a CUDA Graph)"

@@ -317,7 +317,7 @@ def _roofline() -> Roofline:
     return roof
 
 
-def run_bench(presets: list[str], replays: int, phases: list[int]) -> tuple[list[Row], list[str]]:
+def run_bench(presets: list[str], replays: int, phases: list[int]) -> tuple[list[Row], list[str], Roofline]:
     roof = _roofline()
     rows: list[Row] = []
     for preset in presets:
@@ -334,7 +334,7 @@ def run_bench(presets: list[str], replays: int, phases: list[int]) -> tuple[list
     lines = targets(rows, roof)
     print("\ntargets (the table's pick, '*'):")
     print("\n".join(f"  {line}" for line in lines))
-    return rows, lines
+    return rows, lines, roof
 
 
 # ---- sweep -------------------------------------------------------------------------------------
@@ -493,8 +493,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for r in results for row in r.rows]
         payload: dict = {"device": device, "mode": "sweep", "table": text, "rows": [asdict(r) for r in rows]}
     else:
-        rows, lines = run_bench(presets, args.replays, phases)
-        payload = {"device": device, "mode": "bench", "targets": lines, "rows": [asdict(r) for r in rows]}
+        rows, lines, roof = run_bench(presets, args.replays, phases)
+        payload = {
+            "device": device,
+            "mode": "bench",
+            "roofline": asdict(roof),  # the denominators of every row's pct_roofline
+            "targets": lines,
+            "rows": [asdict(r) for r in rows],
+        }
     cli.write_json(args.json, payload)
     # Wrong answers always count; in normal mode so does a config that failed to run (linear
     # would fail the same way), in a sweep a candidate that does not compile is merely skipped.

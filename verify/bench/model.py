@@ -414,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 1,
             )
-        record("HF transformers generate (bf16, eager)", prefill_s, (total - prefill_s) / new)
+        # generate's prefill forward makes the first new token: new - 1 decode forwards follow
+        record("HF transformers generate (bf16, eager)", prefill_s, (total - prefill_s) / max(new - 1, 1))
         del hf
 
     # What the step's launches cost before any byte moves: as many empty dependent kernels.
