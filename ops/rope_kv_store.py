@@ -133,7 +133,9 @@ def rope_kv_store(
     if q_norm is not None:
         validate.tensor("q_norm", q_norm, ndim=1)
         validate.tensor("k_norm", k_norm, ndim=1)
-    eps = validate.positive("eps", eps)
+        eps = validate.positive("eps", eps)
+    else:
+        eps = 0.0  # no qk-norm: eps is unused, and any value is accepted, as the reference does
     batch, seq, q_heads, dim = q.shape
     check_cos_sin_caches(cos, sin, k_cache, v_cache, start_pos, batch, seq, dim, q)
     capacity, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -172,7 +174,7 @@ def rope_kv_store(
         q if q_norm is None else q_norm,  # unused without qk-norm
         q if k_norm is None else k_norm,
         result,
-        float(eps),
+        eps,
         seq,
         capacity,
         q_heads,

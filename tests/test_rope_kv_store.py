@@ -87,6 +87,15 @@ def test_preallocated_out_is_used_and_checked() -> None:
         rope_kv_store(*args, out=out.float())
 
 
+def test_eps_is_checked_only_where_qk_norm_uses_it() -> None:
+    """Without qk-norm weights eps is unused, in the kernel as in the reference: any value goes."""
+    args, _ = clone_args(_case(qk_norm=False))
+    want = rope_kv_store(*clone_args(_case(qk_norm=False))[0])
+    assert torch.equal(rope_kv_store(*args[:-1], 0.0), want)
+    with pytest.raises(ValueError, match="eps: expected a positive finite number"):
+        rope_kv_store(*clone_args(_case(qk_norm=True))[0][:-1], 0.0)
+
+
 @pytest.mark.parametrize("on_gpu", [False, True], ids=["interpreter", "cuda"])
 def test_heads_per_program(on_gpu: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The interpreter takes every head in one tile (up to 4096 elements); a GPU halves the tile
