@@ -19,6 +19,13 @@ bytes another program stored, or a store over them, raises :class:`Race`; from a
 atomic on, programs may be ordering themselves through it, and that launch is no longer checked
 for races. Each error names the kernel, the program and where the access fell. Compiled GPU
 kernels are unaffected.
+
+What it cannot see: an access that lands inside another tensor of the same launch (the bounds
+are the union of the tensors passed: a q view running into the k view of one fused buffer
+passes); a race whose reading program runs before the writing one in the interpreter's order
+(loads are not recorded, so a program reading a slot a later program overwrites passes); and
+the gaps of a strided view of more than ``_RUNS_CAP`` elements, which is allowed its whole span.
+The reference comparison still judges the values such a kernel produces.
 """
 
 from __future__ import annotations
@@ -254,10 +261,10 @@ def _checked(method: Callable, access: str, ptr_at: int, mask_at: int | None = N
     """A builder method that checks its pointers (argument ``ptr_at``, masked by ``mask_at``) first."""
 
     @functools.wraps(method)
-    def wrapper(self: InterpreterBuilder, *args: Any) -> Any:
+    def wrapper(self: InterpreterBuilder, *args: Any, **kwargs: Any) -> Any:  # descriptor loads pass keywords
         mask = None if mask_at is None else args[mask_at]
         _check(args[ptr_at], None if mask is None else mask.data, access)
-        return method(self, *args)
+        return method(self, *args, **kwargs)
 
     return wrapper
 

@@ -47,6 +47,20 @@ def _atomic_kernel(y_ptr, OFFSET: tl.constexpr):
     tl.atomic_add(y_ptr + OFFSET, 1.0)
 
 
+@triton.jit
+def _descriptor_copy_kernel(x_ptr, y_ptr, M, N: tl.constexpr, BLOCK_M: tl.constexpr):
+    desc = tl.make_tensor_descriptor(x_ptr, [M, N], [N, 1], [BLOCK_M, N])
+    tile = desc.load([0, 0])
+    tl.store(y_ptr + tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, N)[None, :], tile)
+
+
+def test_a_tensor_descriptor_load_is_checked_not_broken() -> None:
+    """Triton's descriptor load calls the masked load with keywords: the check passes them on."""
+    x, y = torch.arange(32, dtype=torch.float32).reshape(4, 8), torch.zeros(4, 8)
+    _descriptor_copy_kernel[(1,)](x, y, 4, N=8, BLOCK_M=4)
+    assert torch.equal(x, y)
+
+
 def _copy(offset: int, masked: bool, n: int = 12, block: int = 16) -> torch.Tensor:
     x, y = torch.arange(32, dtype=torch.float32)[:n].clone(), torch.zeros(n)
     _copy_kernel[(1,)](x, y, n, OFFSET=offset, MASKED=masked, BLOCK=block)
