@@ -16,7 +16,9 @@ operands exactly to fp32 (``bits << 16``), runs the stock implementation on fp32
 floating-point result back to bf16 with round-to-nearest-even (NaN stays NaN, inf stays inf) -- the
 same arithmetic the GPU and torch use. Two NaN rules are also aligned with the GPU for every float
 dtype: ``maxnumf``/``minnumf`` (``tl.maximum``/``tl.minimum`` default) return the non-NaN operand,
-and ``tl.clamp`` is ``min(max(x, lo), hi)`` built from those.
+and ``tl.clamp`` is ``min(max(x, lo), hi)`` built from those. And ``tl.argmax``/``tl.argmin`` over
+values holding a NaN follow the GPU's pairwise combine (a NaN compares false) rather than numpy's
+"the first NaN wins", which is torch's rule and would pass a kernel that leaves NaN to them.
 
 Set ``TRITON_INTERPRET=1`` before kernels are decorated with ``@triton.jit``; compiled GPU kernels
 are unaffected. numpy >= 2.4 breaks the interpreter's scalar conversion (upstream issue #9171), so
@@ -255,6 +257,41 @@ def _get_bf16(self: InterpreterBuilder, value: float) -> TensorHandle:
     return TensorHandle(to_bf16_bits(np.array([float(text)])), tl.bfloat16)
 
 
+def _tree_arg_reduce(data: np.ndarray, axis: int, larger: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(value, index)`` of argmax (``larger``) or argmin along ``axis`` as the GPU's combine picks
+    them: pairwise, ``a`` over ``b`` only where ``a > b`` (``a < b``) or they tie at a lower index.
+    A NaN compares false, so which element wins depends on the tree, not torch's "NaN is the
+    maximum" that numpy's argmax (the interpreter's) applies."""
+    vals = np.moveaxis(data, axis, -1)
+    idx = np.broadcast_to(np.arange(vals.shape[-1], dtype=np.int32), vals.shape)
+    while vals.shape[-1] > 1:
+        n = vals.shape[-1] // 2 * 2
+        a, b, ia, ib = vals[..., 0:n:2], vals[..., 1:n:2], idx[..., 0:n:2], idx[..., 1:n:2]
+        win = ((a > b) if larger else (a < b)) | ((a == b) & (ia < ib))
+        tail = (slice(None),) * (vals.ndim - 1) + (slice(n, None),)  # an odd one out goes up as it is
+        vals = np.concatenate([np.where(win, a, b), vals[tail]], axis=-1)
+        idx = np.concatenate([np.where(win, ia, ib), idx[tail]], axis=-1)
+    return vals[..., 0], idx[..., 0]
+
+
+def _nan_aware_arg_reduce(method: Method) -> Method:
+    """ReduceOps.min_max: argmax/argmin over values holding a NaN as the GPU computes them (see
+    ``_tree_arg_reduce``), so a kernel that leaves NaN to ``tl.argmax`` fails on CPU as on the GPU."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, input: Any, val_reduce_op: Any, idx_reduce_op: Any = None) -> Any:
+        values = input[0] if isinstance(input, tuple) else input
+        data = values.handle.data
+        if idx_reduce_op not in (np.argmax, np.argmin) or not np.isnan(data).any():
+            return method(self, input, val_reduce_op, idx_reduce_op)
+        val, idx = _tree_arg_reduce(data, self.axis, larger=idx_reduce_op is np.argmax)
+        if self.keep_dims:
+            val, idx = np.expand_dims(val, self.axis), np.expand_dims(idx, self.axis)
+        return self.to_tensor(val, values.dtype), self.to_tensor(idx, tl.int32)
+
+    return wrapper
+
+
 def _fast_path_in_fp32(method: Method) -> Method:
     """ReduceOps.sum/min_max and ScanOps.cumsum/cumprod fast paths: run on fp32 values.
 
@@ -333,6 +370,7 @@ def install() -> None:
     # tl.reduce / tl.associative_scan fast paths; the generic combine_fn paths run the patched
     # builder ops above and need nothing more.
     wrap(ReduceOps, "sum", _fast_path_in_fp32)
+    wrap(ReduceOps, "min_max", _nan_aware_arg_reduce)  # inside the fp32 path: it sees fp32 values
     wrap(ReduceOps, "min_max", _fast_path_in_fp32)
     wrap(ScanOps, "cumsum", _fast_path_in_fp32)
     wrap(ScanOps, "cumprod", _fast_path_in_fp32)

@@ -485,6 +485,31 @@ def test_sum_max_min_argmax_argmin_cumsum() -> None:
     assert torch.equal(argmin, x.argmin(dim=1).to(torch.int32))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_argmin_over_a_nan_follow_the_gpus_combine_not_torchs_rule(dtype: torch.dtype) -> None:
+    """torch (and numpy, the stock interpreter) give a NaN's index; the GPU's pairwise combine
+    (a > b, NaN comparing false) does not: a kernel leaving NaN to tl.argmax must fail on CPU too."""
+    R = 4
+    x = reduction_input(R).to(dtype)
+    x[:, 5] = NAN
+    sums, maxs, mins = torch.empty(R, dtype=dtype), torch.empty(R), torch.empty(R)
+    argmax, argmin = torch.empty(R, dtype=torch.int32), torch.empty(R, dtype=torch.int32)
+    cumsum = torch.empty(R, N, dtype=dtype)
+    reduce_kernel[(1,)](x, sums, maxs, mins, argmax, argmin, cumsum, R=R, N=N)
+    assert x.argmax(dim=1).tolist() == [5] * R  # torch's rule
+    assert 5 not in argmax.tolist() and 5 not in argmin.tolist()  # in this tree the NaN at 5 loses
+    assert torch.equal(maxs, x.float().nan_to_num(-INF).amax(dim=1))  # tl.max ignores NaN (maxnum)
+
+
+def test_the_pairwise_arg_reduce_without_nan_is_numpys_lowest_index_rule() -> None:
+    from ops.interpreter_compat import _tree_arg_reduce
+
+    data = np.random.default_rng(3).integers(0, 5, size=(6, 37)).astype(np.float32)  # many ties
+    for larger, pick in ((True, np.argmax), (False, np.argmin)):
+        _, idx = _tree_arg_reduce(data, axis=1, larger=larger)
+        assert np.array_equal(idx, pick(data, axis=1))
+
+
 def test_sum_of_general_values_within_one_rounding() -> None:
     R = 4
     x = torch.randn(R, N, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
