@@ -14,9 +14,9 @@ arithmetic on those integers:
 ``install()`` wraps the few interpreter methods where this happens. Each wrapper widens bf16
 operands exactly to fp32 (``bits << 16``), runs the stock implementation on fp32, and rounds a
 floating-point result back to bf16 with round-to-nearest-even (NaN stays NaN, inf stays inf) -- the
-same arithmetic the GPU and torch use. Two NaN rules are also aligned with the GPU for every float
+same arithmetic the GPU and torch use. Three NaN rules are also aligned with the GPU for every float
 dtype: ``maxnumf``/``minnumf`` (``tl.maximum``/``tl.minimum`` default) return the non-NaN operand,
-and ``tl.clamp`` is ``min(max(x, lo), hi)`` built from those. And ``tl.argmax``/``tl.argmin`` over
+``tl.clamp`` is ``min(max(x, lo), hi)`` built from those, and ``tl.argmax``/``tl.argmin`` over
 values holding a NaN follow the GPU's pairwise combine (a NaN compares false) rather than numpy's
 "the first NaN wins", which is torch's rule and would pass a kernel that leaves NaN to them.
 
