@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,11 @@ def from_hf_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def token_ids_in_vocab(ids: Sequence[object], vocab: int) -> bool:
+    """Whether every item is an int token id of the vocabulary (a bool is not one)."""
+    return all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in ids)
+
+
 def _parse(cfg: dict) -> ModelConfig:
     family = cfg.get("model_type")
     if family not in FAMILIES:
@@ -253,7 +259,7 @@ def _parse(cfg: dict) -> ModelConfig:
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     vocab = _field(cfg, "vocab_size", "count")
-    if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in eos_ids):
+    if not token_ids_in_vocab(eos_ids, vocab):
         raise ConfigError(f"eos_token_id: expected token ids in [0, {vocab}), got {eos!r}")
     return ModelConfig(
         family=family,

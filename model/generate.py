@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from model.config import token_ids_in_vocab
 from model.decoder import Decoder
 from model.graph import DecodeRunner
 
@@ -40,7 +41,7 @@ def check_prompt(
         raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
     if isinstance(eos_token_ids, (str, bytes)) or not isinstance(eos_token_ids, Sequence):
         raise ValueError(f"eos_token_ids: expected a sequence of token ids, got {eos_token_ids!r}")
-    if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in eos_token_ids):
+    if not token_ids_in_vocab(eos_token_ids, vocab):
         raise ValueError(f"eos_token_ids: expected token ids in [0, {vocab}), got {list(eos_token_ids)!r}")
     rows = cache_rows_needed(length, max_new_tokens)
     request = f"a prompt of {length} tokens + {max_new_tokens} new tokens needs {rows} positions"

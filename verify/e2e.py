@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args("verify.e2e", _parser, argv)
     if args is None:
         return 2
+    from model.generate import cache_rows_needed
     from model.reference import NonFiniteReference
     from ops import backend
     from verify import cli
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             directory, config = model_loading.checkpoint_config(args.model)
         prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
         _check_positions(prompt.shape[1], args.new_tokens, config)
-        needed = prompt.shape[1] + args.new_tokens - 1  # the last new token is never fed back
+        needed = cache_rows_needed(prompt.shape[1], args.new_tokens)
         what = f"the prompt's {prompt.shape[1]} tokens + {args.new_tokens} new tokens"
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)
         if directory is None:
