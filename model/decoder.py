@@ -71,7 +71,8 @@ MODEL_LAYER = -1  # ops outside the layers: embedding, rope table, final norm, l
 # Hook points whose op is told ``static_weight=True`` (where it takes the keyword): plain
 # ``linear`` calls on loaded weights, which no kernel of the step writes, so ``ops.gemm.linear``
 # may request them before its PDL wait. Chosen by measurement (o_proj gains; gate_up's early
-# weight lost), so not every loaded weight is listed.
+# weight lost), so not every loaded weight is listed. The request applies to one-step gemvs only:
+# lm_head's table configs loop, so for the presets it changes nothing there.
 STATIC_WEIGHT_POINTS = frozenset({"o_proj", "down_proj", "lm_head"})
 
 

@@ -110,7 +110,7 @@ def _weight_map(directory: Path) -> dict[str, Path]:
                 raise WeightsError(f"{index}: shard {file} is not a file of the checkpoint directory")
             if not file.is_file():
                 raise WeightsError(f"{index}: names shard {file.name}, which does not exist")
-        _check_shards_match(index, files)
+        _check_shards_match(files)
         return files
     if not single.is_file():
         raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}")
@@ -118,7 +118,7 @@ def _weight_map(directory: Path) -> dict[str, Path]:
         return dict.fromkeys(f.keys(), single)
 
 
-def _check_shards_match(index: Path, files: dict[str, Path]) -> None:
+def _check_shards_match(files: dict[str, Path]) -> None:
     """Every tensor a shard holds is one the index maps to that shard: a tensor the index leaves
     out, or a second copy in another shard, would otherwise go unread and unnoticed."""
     for file in sorted(set(files.values())):

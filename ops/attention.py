@@ -24,7 +24,7 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
   splits sized for the full cache (H200, 2026-12-02). Splits past ``seq_len`` write a neutral
   partial (max ``-inf``, sum 0, accumulator 0).
 
-  Two variants measured slower in the article decode step on the H200 (2026-11-30, one run,
+  Variants that measured slower in the article decode step on the H200 (2026-11-30, one run,
   each twice, ms/token): this design 0.899; requesting each split's first K/V block before
   ``seq_len`` arrives 0.921 (again on 94f3bfb, a split being one 32-row tile: 0.718 vs
   0.694); that plus the combine done by the last split program to finish (an arrival counter
@@ -32,7 +32,7 @@ fp32 (running max ``m``, running sum ``l``, rescaled accumulator), base-2 expone
   token into registers before the PDL wait (they were written by earlier steps; the new row
   loaded after it, ``seq_len`` read early and checked after): 0.641-0.642 against 0.632
   (2026-12-02, same call, two rounds), the split kernel 3.63 us in the step against 3.17. What
-  won instead, the same day: asking L2 for the first tile before the wait (``PREFETCH``), the
+  won instead, the same day: asking L2 for the first tile before the wait (under ``PDL``), the
   loads left as they were: 0.622 and 0.622 against 0.630 and 0.630, the split kernel 2.86-2.94
   us against 3.14-3.30. A split kernel that writes the
   output itself when the cache is a single split is kept (``DIRECT``: no combine launch).
@@ -185,6 +185,8 @@ def _prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """BLOCK_M queries of one (batch, q head): flash attention over the cache rows up to the
+    block's last query position, whole tiles visible to every query first, then masked ones."""
     pdl.release(PDL)
     pdl.wait(PDL)
     # Causal blocks late in the sequence do the most work: launch them first.
@@ -267,7 +269,6 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,
     SPREAD: tl.constexpr,
-    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One split of the cache rows for one kv group: its softmax partials, or with ``DIRECT``
@@ -277,7 +278,7 @@ def _decode_split_kernel(
     tile) a split covers a share of the valid rows' tiles instead (``_split_len``), so a short
     sequence in a long cache keeps as many splits busy as it has tiles (up to the split count).
 
-    With ``PREFETCH`` (under PDL) each program first asks L2 for the K and V rows of its split's
+    Under ``PDL`` each program first asks L2 for the K and V rows of its split's
     first tile in a full cache, a prefetch per 128-byte line, whatever ``seq_len`` turns out to
     be: the loads after the wait then find them there rather than in DRAM."""
     pdl.release(PDL)
@@ -287,7 +288,7 @@ def _decode_split_kernel(
     kvh = bk % HKV
     kv_offset = (b * L * HKV + kvh) * HEAD_DIM
     stride_n = HKV * HEAD_DIM
-    if PREFETCH:  # the split's first K and V tile into L2 while the kernel before this one ends
+    if PDL:  # the split's first K and V tile into L2 while the kernel before this one ends
         LINE: tl.constexpr = min(HEAD_DIM, 1024 // k_ptr.dtype.element_ty.primitive_bitwidth)
         ROW_LINES: tl.constexpr = HEAD_DIM // LINE  # elements of a 128-byte line, lines of a row
         lines = tl.arange(0, 2 * BLOCK_N * ROW_LINES)  # K's rows' lines, then V's
@@ -380,7 +381,9 @@ def _decode_combine_kernel(
 ):
     """BLOCK_D dims of one output row: every split's partial, combined chunk by chunk with a
     running max, so a chunk's max, sum and acc loads go out together (one trip to L2 per chunk,
-    not a trip for the maxima and then one for the rest)."""
+    not a trip for the maxima and then one for the rest). Launched for ``SPLITS <= CHUNK`` only,
+    so the loop runs once; written as a loop because that form measured at parity and another
+    did not (PERFORMANCE.md, ae0893c)."""
     pdl.release(PDL)
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)  # (b, i, h) in the output's row order
@@ -483,8 +486,8 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
     against 0.920 (same call, two rounds). 64-row tiles at 4096 there (9.16-9.23 us) are not
     taken: the config does not see the kv heads, and at 16384 rows 128 won. At head_dim 64
     (Qwen2.5), cache 4096, 128-row tiles at 8 warps and 2 stages took 5.57 us against 6.24 at 4
-    warps and 3 (the sweep). The boundaries between the measured sizes (1024 | 4096, 4096 |
-    16384) are guesses.
+    warps and 3 (the sweep). The boundaries (512: between 385 and 1024 rows; 2048: between 1024
+    and 4096) are guesses.
     """
     if backend.is_interpreter():
         return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())
@@ -636,7 +639,7 @@ def launch_decode(
         capacity, q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(seq * group)),
         BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q.dtype), DIRECT=splits == 1,
-        SPREAD=split_size > config.block_n, PREFETCH=pdl.enabled(), num_warps=config.num_warps,
+        SPREAD=split_size > config.block_n, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl.launch_options(),
     )  # fmt: skip
     if splits == 1:

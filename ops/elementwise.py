@@ -19,6 +19,7 @@ BLOCK_N = 1024
 def _binary_rows_kernel(
     a_ptr, b_ptr, out_ptr, stride_a, stride_b, N, OP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr
 ):
+    """BLOCK_N columns of one row: ``a + b`` or ``silu(a) * b`` in fp32, rounded once."""
     pdl.release(PDL)
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)

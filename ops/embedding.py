@@ -30,6 +30,7 @@ def _embedding_kernel(
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """BLOCK_H columns of one token's table row (NaN for an id outside the table)."""
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)

@@ -9,13 +9,12 @@ would run inside CUDA Graph capture):
 * ``gemv``: decode (M <= 4). A matmul tile would waste most of its rows, and what counts is
   streaming the weight once at memory bandwidth, so each program owns BLOCK_N outputs and
   reads their weight rows in wide (16-byte) BLOCK_K chunks, all of them at once when K fits
-  one chunk, else through a pipelined loop, to keep enough bytes in flight. One chunk is a
-  straight line (no loop), and takes far fewer registers, so more programs fit an SM: the
-  article's decode gate_up went from 11.6-12.0 to 8.3-8.8 us in the step that way (H200,
-  2026-11-30). A persistent variant (a wave of programs each preparing x once, then
-  streaming block after block) was slower in the decode step than one program per block:
-  0.912-0.972 ms/token against 0.944 for the pipelined table configs and 0.856 for one-step
-  gate_up, same call.
+  one chunk (or a chunk plus one or two whole power-of-two pieces: ``k_pieces``, down_proj's
+  4864 = 4096 + 512 + 256), else through a pipelined loop, to keep enough bytes in flight. One
+  step is a straight line (no loop), and takes far fewer registers, so more programs fit an SM:
+  the article's decode gate_up went from 11.6-12.0 to 8.3-8.8 us in the step that way (H200,
+  2026-11-30). A persistent variant (a wave of programs each streaming block after block) lost
+  in the decode step (PERFORMANCE.md).
 
 Either kernel can split K (``split_k`` programs per output tile, each over a contiguous K
 range) when the output alone gives too few programs to fill the GPU (N=1024 at M=1 is 256
@@ -153,21 +152,19 @@ def _gemv_chunk(
     one step returns them (``acc`` unused). A 2-D tile reduces within warps, where a
     ``[1, BLOCK_N, BLOCK_K]`` one went through a shared-memory layout change first."""
     k_ok = offs_k < k_left
-    a = x_ptrs  # placeholders where the prologue reads no second operand or norm scale
+    a = x_ptrs  # placeholders without a prologue
     scale = inv_rms
     if MASKED:  # the K tail: masked lanes read 0 and add nothing
         x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
         w = w_early if LOADED_EARLY else tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
         if PROLOGUE == "add_rms_norm":
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     else:
         x = tl.load(x_ptrs)
         w = w_early if LOADED_EARLY else tl.load(w_ptrs)
-        if PROLOGUE != "none":
-            a = tl.load(a_ptrs)
         if PROLOGUE == "add_rms_norm":
+            a = tl.load(a_ptrs)
             scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
     x = _gemv_prologue(x, a, scale, sum_ptrs, inv_rms, k_ok, offs_m, M, store_sum, K, eps, PROLOGUE, ONE_STEP)
     if BLOCK_M == 1 and ONE_STEP:  # the whole row times the block's rows, [BLOCK_N, BLOCK_K]
@@ -295,14 +292,14 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
-    ONE_STEP: tl.constexpr = False,
-    EVEN_K: tl.constexpr = False,
-    NORM_BLOCK: tl.constexpr = 1024,
-    EPILOGUE: tl.constexpr = "none",
-    HEAD_DIM: tl.constexpr = 2,
-    EARLY_WEIGHT: tl.constexpr = False,
-    PIECE1: tl.constexpr = 0,
-    PIECE2: tl.constexpr = 0,
+    ONE_STEP: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    EARLY_WEIGHT: tl.constexpr,
+    PIECE1: tl.constexpr,
+    PIECE2: tl.constexpr,
 ):
     """BLOCK_N outputs of all M (<= BLOCK_M) rows, streaming their weight rows once over one K split.
 
@@ -382,8 +379,8 @@ def _gemv_kernel(
 
     # What the epilogue reads besides the sums is loaded before the stream, so its trip to L2
     # overlaps the stream: the article decode step 0.696 vs 0.709 ms/token for the RoPE tables,
-    # Qwen2.5's 0.619 vs 0.623 for the bias (H200, 2026-11-30). The weights themselves loaded
-    # ahead of the wait measured slower (ops.pdl).
+    # Qwen2.5's 0.619 vs 0.623 for the bias (H200, 2026-11-30). In the fused QKV and gate/up
+    # gemvs the weight loaded ahead of the wait gained nothing or lost (see ``linear``).
     if EPILOGUE == "rope_kv_store":
         pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         rope_cos, rope_sin, rope_row = _rope_tables(offs_m, pairs, M, N, rope, HEAD_DIM)
@@ -565,10 +562,10 @@ def workspace(split: int, m: int, n: int, device: torch.device) -> torch.Tensor:
 
 
 def check_operands(
-    x: torch.Tensor, weight: torch.Tensor, x_name: str = "x", last_dim_contiguous: bool = False
+    x: torch.Tensor, weight: torch.Tensor, last_dim_contiguous: bool = False
 ) -> tuple[int, int, int]:
     """``(M, N, K)`` of ``x[M, K] @ weight[N, K].T``, or an error naming the bad argument."""
-    validate.tensor(x_name, x, ndim=2, last_dim_contiguous=last_dim_contiguous)
+    validate.tensor("x", x, ndim=2, last_dim_contiguous=last_dim_contiguous)
     validate.tensor("weight", weight, ndim=2, last_dim_contiguous=False)
     m, k = x.shape
     n, k_w = weight.shape
@@ -580,10 +577,10 @@ def check_operands(
                 "(nn.Linear layout), pass weight.T"
             )
         raise ValueError(
-            f"weight: expected shape [N, {k}] (K={k} is the last dim of {x_name} {tuple(x.shape)}), "
+            f"weight: expected shape [N, {k}] (K={k} is the last dim of x {tuple(x.shape)}), "
             f"got {tuple(weight.shape)}{hint}"
         )
-    validate.same_dtype("weight", weight, x_name, x)
+    validate.same_dtype("weight", weight, "x", x)
     return m, n, k
 
 

@@ -109,11 +109,11 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
     # 2026-11-29 (each config checked against torch before it was timed; M=1 timed as graph
     # replays over weight copies rotated past 3x L2). Comments: our time, cuBLAS's, without PDL.
-    # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl): in a chain of the same
-    # projection these picks take qkv 2.70, o 2.53, gate_up 8.02, down 5.56, lm_head 75.28 us;
-    # the sweep's own winners (qkv/o gemv n4 k1024 w4, gate_up n16 k512 w4 s3) were within 0.07
-    # us of them there but made the decode step slower (0.934 vs 0.899 ms/token, in two runs);
-    # that was before one-step gemvs ran straight-line (below: gate_up and qkv now one step).
+    # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl): the sweep's own
+    # winners then (qkv/o gemv n4 k1024 w4, gate_up n16 k512 w4 s3) were within 0.07 us of these
+    # picks alone but made the decode step slower (0.934 vs 0.899 ms/token, in two runs); that
+    # was before one-step gemvs ran straight-line (now every decode projection but lm_head is one
+    # step; their current times are in PERFORMANCE.md).
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
     # qkv at 4 outputs a program (the sweep's pick with PDL): 0.842 vs 0.853 and 0.841 vs 0.854
     # ms/token beside the n2 w2 pick in two calls (3 and 5 timings); o_proj the same, no gain
@@ -121,15 +121,16 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (256, 1536, 1024): tiled_config(64, 64, 128, 1, 4, 3),  # qkv_proj 5.92 us, cuBLAS 5.12 us
     (1, 1024, 1024): gemv_config(2, 1024, 1, 2, 1),  # o_proj 2.81 us, cuBLAS 7.57 us
     (256, 1024, 1024): tiled_config(64, 64, 128, 1, 4, 3),  # o_proj 5.77 us, cuBLAS 4.91 us
-    # gate_up in one K step (the straight-line path: 75 registers, 6 programs per SM, against 117
-    # and 4 for the pipelined n8 k512 s4 the sweep chose at 8.33 us): in one call, 3 decode-step
-    # timings each, 0.856 ms/token vs 0.944 with the pipelined one (H200, 2026-11-30)
+    # gate_up in one K step (the straight-line path: 79 registers since the 2-D tile, 75 before,
+    # 6 programs per SM, against 117 and 4 for the pipelined n8 k512 s4 the sweep chose at
+    # 8.33 us): in one call, 3 decode-step timings each, 0.856 ms/token vs 0.944 with the
+    # pipelined one (H200, 2026-11-30)
     (1, 9728, 1024): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj
     (256, 9728, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 15.09 us, cuBLAS 11.79 us
-    # down at 2 warps, 256-wide chunks 8 deep (K = 4864 and 3072 are whole chunks: no masked tail
-    # step), against the n2/n8 k512 w4 s4 and n4 k512 w4 s3 before it, in the decode step (H200,
-    # 2026-11-30): article 0.681 and 0.682 vs 0.693 and 0.694 ms/token (against a copy, same
-    # call); in one process Qwen2.5 shape 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740.
+    # down was n2 k256 w2 s8 (2 warps, 256-wide chunks 8 deep), which had beaten the n2/n8 k512
+    # w4 s4 and n4 k512 w4 s3 before it in the decode step (H200, 2026-11-30): article 0.681 and
+    # 0.682 vs 0.693 and 0.694 ms/token (against a copy, same call); in one process Qwen2.5 shape
+    # 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740.
     # Then (2026-12-01) in one K step of whole pieces, 4096 + 512 + 256 (ops.gemm.k_pieces), so
     # that static_weight's early request applies: 0.652 vs 0.660 ms/token in one process (n1 k4096
     # w4 0.657, n2 k4096 w8 0.665, n1 k4096 w2 0.666, n4 k4096 w8 0.675; one masked 8192-lane
@@ -141,7 +142,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (1, 151936, 1024): gemv_config(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
     (256, 151936, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
     # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
-    (1, 4096, 1024): gemv_config(4, 1024, 1, 4, 2),  # qkv_proj 5.07 us, cuBLAS 5.42 us
+    (1, 4096, 1024): gemv_config(4, 1024, 1, 4, 1),  # qkv_proj 5.07 us, cuBLAS 5.42 us (2026-11-29)
     (256, 4096, 1024): tiled_config(64, 128, 64, 1, 4, 4),  # qkv_proj 7.81 us, cuBLAS 6.37 us
     # (in the Qwen3 step, 2026-11-30, one process: this table 0.733 ms/token; o_proj n2 k256 w2 s8
     # 0.750, n2 k512 w2 s4 0.743, n4 k256 w2 s8 0.745; qkv n8 k1024 0.749, n2 k1024 w2 0.759)
@@ -162,7 +163,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # one process (H200, 2026-11-30); o_proj at 2 outputs 0.624, lm_head n16 k256 0.627: not kept
     (1, 1152, 896): gemv_config(4, 1024, 1, 4, 1),  # qkv_proj
     (256, 1152, 896): tiled_config(64, 64, 128, 1, 4, 3),  # qkv_proj 5.81 us, cuBLAS 5.05 us
-    (1, 896, 896): gemv_config(4, 1024, 1, 4, 2),  # o_proj 2.71 us, cuBLAS 4.68 us
+    (1, 896, 896): gemv_config(4, 1024, 1, 4, 1),  # o_proj 2.71 us, cuBLAS 4.68 us (2026-11-29)
     (256, 896, 896): tiled_config(64, 64, 128, 1, 4, 3),  # o_proj 5.49 us, cuBLAS 4.69 us
     (1, 9728, 896): gemv_config(8, 1024, 1, 4, 1),  # gate_up_proj, one K step: 0.699 vs 0.798 ms/token
     (256, 9728, 896): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us

@@ -36,6 +36,8 @@ def _kv_cache_store_kernel(
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """BLOCK_H kv heads of one token: its k and v rows copied to cache row ``start_pos[b] + s``
+    (a row outside the cache is not written)."""
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)

@@ -28,6 +28,7 @@ def inv_rms(sum_sq, n, eps):
 def _rms_norm_kernel(
     x_ptr, w_ptr, y_ptr, R, stride_outer, stride_row, N, eps, BLOCK_N: tl.constexpr, PDL: tl.constexpr
 ):
+    """One whole row (``BLOCK_N >= N``): its sum of squares, then every element scaled."""
     pdl.release(PDL)
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -44,6 +45,7 @@ def _rms_norm_kernel(
 def _add_rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, y_ptr, sum_ptr, stride_x, stride_r, N, eps, BLOCK_N: tl.constexpr, PDL: tl.constexpr
 ):
+    """One whole row: ``x + residual`` stored in the input dtype, then that sum normalized."""
     pdl.release(PDL)
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)

@@ -1,8 +1,9 @@
 """Programmatic dependent launch (PDL, Hopper and later): overlap a kernel's start with the end
 of the kernel before it in the stream.
 
-A decode step is ~200 small launches, each paying a launch, a ramp (programs starting, the first
-loads' round trip) and a tail (the last programs finishing) that a single kernel cannot hide.
+A decode step is ~180 small launches (177 for the article config), each paying a launch, a ramp
+(programs starting, the first loads' round trip) and a tail (the last programs finishing) that a
+single kernel cannot hide.
 Launched with PDL, a kernel may start as soon as every program of the one before it has called
 :func:`release`; it stops in :func:`wait` until that kernel has completed and its writes are
 visible. CUDA Graph capture keeps these programmatic edges.
@@ -14,7 +15,7 @@ streams); releasing the small kernels, or the GEMV, only at exit 0.98; an L2 pre
 GEMV's weight rows before its wait 0.936 (every line is then requested twice). Later (2026-11-30,
 one run, each variant twice): a one-step GEMV loading its weight chunk into registers before its
 wait 0.841 against 0.834 without (weights are read-only, so that would be allowed; it buys
-nothing), and releasing right after that load 1.225, so neither is done. Again on 94f3bfb (one
+nothing), and releasing right after that load 1.225, so neither was kept then. Again on 94f3bfb (one
 call, each twice): that preload in every one-step GEMV 0.729 against 0.694 without; with the
 o_proj GEMV (a fifth of a wave) also releasing at its start, so gate_up's programs are resident
 and loading while it streams, 0.724; and down releasing early too, 0.727. The preload in the

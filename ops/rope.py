@@ -38,6 +38,7 @@ def _rope_cos_sin_kernel(
     BLOCK_HALF: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """One token: ``cos`` and ``sin`` of its position times each of the HALF inverse frequencies."""
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)
@@ -158,6 +159,8 @@ def _apply_rope_kernel(
     BLOCK_REST: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """BLOCK_H heads of one token, each rotated by the token's cos/sin (rotate-half pairs ``i``,
+    ``i + HALF``); dims past ``2 * HALF`` are copied."""
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)

@@ -65,6 +65,9 @@ def _rope_kv_store_kernel(
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """Program ``(token, block)``: a block of that token's q heads, or of its kv heads (the blocks
+    after q's), each normalized (with ``HAS_NORM``) and rotated; k and v go to the caches' row
+    ``start_pos[b] + s``, q to ``out``."""
     pdl.release(PDL)
     pdl.wait(PDL)
     token = tl.program_id(0)

@@ -24,6 +24,8 @@ INTERPRETER_BLOCK_V = 256  # small chunks on CPU, so the tests' vocabularies spa
 def _argmax_chunk_kernel(
     logits_ptr, val_ptr, idx_ptr, nan_ptr, stride_row, V, CHUNKS, BLOCK_V: tl.constexpr, PDL: tl.constexpr
 ):
+    """BLOCK_V logits of one row: their max (NaN left out), its lowest index, and the first NaN's
+    index (V where there is none)."""
     pdl.release(PDL)
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -45,6 +47,7 @@ def _argmax_chunk_kernel(
 def _argmax_pick_kernel(
     val_ptr, idx_ptr, nan_ptr, out_ptr, V, CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr
 ):
+    """One row: the first NaN's index if the row holds one, else the best chunk's index."""
     pdl.release(PDL)
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)

@@ -14,8 +14,8 @@ change through shared memory; a 3-D gemv tile's layout change cost the article d
 weights mean its stream lost its 16-byte vectors. A launch fails when it does not compile, or
 when its PTX touches global memory before ``griddepcontrol.wait``: the PDL contract of
 ``ops/pdl.py`` (tests/test_pdl.py checks the source; this checks what the compiler made of it),
-where only a launch with ``EARLY_WEIGHT`` may load (its weight chunk) there, or when a launch with
-``PREFETCH`` has no L2 prefetch there.
+where only a launch with ``EARLY_WEIGHT`` may load (its weight chunk) there, or when the
+attention decode split kernel has no L2 prefetch there.
 
 Usage: python scripts/compile_sm90.py [--json PATH]   (exit 1 when a launch fails)
 """
@@ -112,8 +112,8 @@ class Recorder:
                 early = [op for op in early if op != "ld.global"]
             if wait < 0 or early:
                 entry["error"] = "PDL: global memory is touched before griddepcontrol.wait in the PTX"
-            elif entry["constexprs"].get("PREFETCH") and "prefetch.global.L2" not in ptx[:wait]:
-                entry["error"] = "PREFETCH: no prefetch.global.L2 before griddepcontrol.wait in the PTX"
+            elif self.name == "_decode_split_kernel" and "prefetch.global.L2" not in ptx[:wait]:
+                entry["error"] = "no L2 prefetch (prefetch.global.L2) before griddepcontrol.wait in the PTX"
         except Exception as error:  # reported per launch; the run goes on
             entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
         self.results[key] = entry
