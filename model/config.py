@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+# The head sizes the attention kernels take (ops.attention.HEAD_DIMS, kept equal by a test):
+# written here so that parsing a config imports no Triton (importing ops picks the backend,
+# which fails once something else has imported triton on a CPU machine).
+HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 class ConfigError(ValueError):
@@ -192,8 +196,6 @@ def _rope(cfg: dict) -> tuple[float, float]:
 def _head_dim(cfg: dict, family: str, hidden: int, heads: int) -> int:
     """``head_dim`` with transformers' default (Qwen3: 128, the others: hidden / heads), refused
     here when the attention kernels do not take it rather than mid-run."""
-    from ops.attention import HEAD_DIMS  # here, not at the top: importing ops selects the backend
-
     derived = family != "qwen3" and cfg.get("head_dim") is None
     head_dim = _field(cfg, "head_dim", "count", 128 if family == "qwen3" else hidden // heads)
     if head_dim not in HEAD_DIMS:
@@ -203,6 +205,24 @@ def _head_dim(cfg: dict, family: str, hidden: int, heads: int) -> int:
             f"expected one of {HEAD_DIMS}"
         )
     return head_dim
+
+
+def _refuse_sliding_layers(cfg: dict, layers: int) -> None:
+    """Without ``layer_types``, transformers (qwen2, qwen3) makes layer i sliding-window attention
+    when ``use_sliding_window`` is true, ``sliding_window`` is not null (4096 when absent) and
+    i >= ``max_window_layers`` (28 when absent); a config where no layer qualifies runs full
+    attention everywhere and is taken."""
+    if not _field(cfg, "use_sliding_window", "bool", False):
+        return
+    window = cfg.get("sliding_window", 4096)
+    first = cfg.get("max_window_layers", 28)
+    if first is None or isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise ConfigError(f"max_window_layers: expected an integer >= 0, got {first!r}")
+    if window is not None and first < layers:
+        raise ConfigError(
+            f"use_sliding_window: true, with sliding_window {window} and max_window_layers {first}, "
+            f"makes layers {first} to {layers - 1} sliding-window attention, which is not implemented"
+        )
 
 
 def from_hf_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
@@ -229,8 +249,6 @@ def _parse(cfg: dict) -> ModelConfig:
     rope_theta, rotary_factor = _rope(cfg)
     if rotary_factor != 1.0:  # transformers' llama/qwen2/qwen3 rotate the whole head
         raise ConfigError(f"partial_rotary_factor {rotary_factor} is not implemented for {family}")
-    if _field(cfg, "use_sliding_window", "bool", False):
-        raise ConfigError("sliding-window attention is not implemented")
     layer_types = cfg.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise ConfigError(f"layer_types: expected a list, got {layer_types!r}")
@@ -252,6 +270,8 @@ def _parse(cfg: dict) -> ModelConfig:
     layers = _field(cfg, "num_hidden_layers", "count")
     if layer_types and len(layer_types) != layers:
         raise ConfigError(f"layer_types: {len(layer_types)} entries for num_hidden_layers {layers}")
+    if not layer_types:
+        _refuse_sliding_layers(cfg, layers)
     # transformers' defaults: qwen2/qwen3 default num_key_value_heads to 32 (not the head count),
     # so a checkpoint of theirs states it; Qwen3's head_dim defaults to 128, the others' to
     # hidden / heads; nothing is tied unless the config says so
@@ -290,6 +310,8 @@ def load(path: str | Path) -> ModelConfig:
         raise ConfigError(f"{path}: no config.json found")
     try:
         cfg = json.loads(file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read it ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: not valid JSON ({exc})") from None
     if not isinstance(cfg, dict):

@@ -22,7 +22,7 @@ from model.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+STORED_DTYPES = ("BF16", "F16", "F32")  # safetensors' names for bfloat16, float16, float32
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
 
 
@@ -98,6 +98,8 @@ def _weight_map(directory: Path) -> dict[str, Path]:
     if index.is_file():
         try:
             mapping = json.loads(index.read_text())["weight_map"]
+        except OSError as exc:
+            raise WeightsError(f"{index}: cannot read it ({exc.strerror or exc})") from None
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
             raise WeightsError(
                 f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})"
@@ -113,9 +115,24 @@ def _weight_map(directory: Path) -> dict[str, Path]:
         _check_shards_match(files)
         return files
     if not single.is_file():
-        raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}")
+        raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}{_other_layout(directory)}")
     with _open(single) as f:
         return dict.fromkeys(f.keys(), single)
+
+
+def _other_layout(directory: Path) -> str:
+    """What a directory without this loader's files holds instead, said in its error."""
+    if not directory.is_dir():
+        return ""
+    if any(directory.glob("pytorch_model*.bin")) or (directory / "pytorch_model.bin.index.json").is_file():
+        return (
+            " (it holds pytorch_model .bin weights: only safetensors checkpoints are read; "
+            "re-save it with save_pretrained(safe_serialization=True))"
+        )
+    shards = sorted(f.name for f in directory.glob("*.safetensors"))
+    if shards:
+        return f" (it holds {len(shards)} other .safetensors files, e.g. {shards[0]}, but no shard index)"
+    return ""
 
 
 def _check_shards_match(files: dict[str, Path]) -> None:
@@ -149,20 +166,26 @@ def _by_file(files: dict[str, Path], names: list[str]) -> dict[Path, list[str]]:
     return by_file
 
 
-def _check_stored_shapes(files: dict[str, Path], shapes: dict[str, tuple[int, ...]]) -> None:
-    """Every tensor's stored shape against the config's, read from the safetensors headers (no
-    data), before anything of the config's size is allocated: a config far larger than its
-    checkpoint is a named error, not an out-of-memory crash."""
+def _check_headers(files: dict[str, Path], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor's stored shape against the config's, and its dtype, read from the safetensors
+    headers (no data), before anything of the config's size is allocated: a config far larger
+    than its checkpoint is a named error, not an out-of-memory crash."""
     for file, names in _by_file(files, sorted(shapes)).items():
         with _open(file) as f:
             held = set(f.keys())
             for name in names:
                 if name not in held:  # a shard index that maps the tensor to the wrong file
                     raise WeightsError(f"{file}: holds no tensor {name}, though the shard index maps it here")
-                stored = tuple(f.get_slice(name).get_shape())
+                header = f.get_slice(name)
+                stored = tuple(header.get_shape())
                 if stored != shapes[name]:
                     raise WeightsError(
                         f"{file}: tensor {name} has shape {stored}, the config implies {shapes[name]}"
+                    )
+                if header.get_dtype() not in STORED_DTYPES:
+                    raise WeightsError(
+                        f"{file}: tensor {name} has dtype {header.get_dtype()}, expected one of "
+                        f"{', '.join(STORED_DTYPES)} (bfloat16, float16 or float32)"
                     )
 
 
@@ -240,13 +263,21 @@ def load(
     missing = sorted(set(shapes) - present)
     unexpected = sorted(present - set(shapes))
     if missing:
-        raise WeightsError(f"{directory}: missing {len(missing)} tensors, e.g. {missing[:3]}")
+        bare = all(n.removeprefix("model.") in present for n in missing if n.startswith("model."))
+        hint = (
+            " (its names lack the 'model.' prefix: a base-model checkpoint, saved without the LM "
+            "head class; re-save it from the ...ForCausalLM class)"
+            if bare and any(n.startswith("model.") for n in missing)
+            else ""
+        )
+        raise WeightsError(f"{directory}: missing {len(missing)} tensors, e.g. {missing[:3]}{hint}")
     if unexpected:
         where = files[unexpected[0]].name
         raise WeightsError(
             f"{directory}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]} in {where}"
         )
-    _check_stored_shapes(files, shapes)
+    head_shape = {"lm_head.weight": (config.vocab_size, config.hidden_size)} if stored_head else {}
+    _check_headers(files, shapes | head_shape)
 
     c = config
     dev = torch.device(device)
@@ -274,11 +305,6 @@ def load(
         "mlp.down_proj.weight": ("down", slice(None)),
     }
     for name, tensor in _tensors(files, sorted(shapes)):
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise WeightsError(
-                f"{files[name]}: tensor {name} has dtype {tensor.dtype}, "
-                "expected bfloat16, float16 or float32"
-            )
         if name == "model.embed_tokens.weight":
             target = embed
         elif name == "model.norm.weight":
@@ -296,11 +322,6 @@ def load(
             raise WeightsError(_not_finite(files[name], name, tensor, dtype))
     if stored_head:
         [(_, head)] = list(_tensors(files, ["lm_head.weight"]))
-        if tuple(head.shape) != tuple(embed.shape):
-            raise WeightsError(
-                f"{files['lm_head.weight']}: tensor lm_head.weight has shape {tuple(head.shape)}, "
-                f"the config implies {tuple(embed.shape)} (tied to model.embed_tokens.weight)"
-            )
         if not torch.equal(head.to(dev, dtype), embed):
             raise WeightsError(
                 f"{files['lm_head.weight']}: tensor lm_head.weight differs from model.embed_tokens.weight, "

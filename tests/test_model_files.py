@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,9 @@ from model import config as model_config
 from model import weights as model_weights
 from model.config import ConfigError, ModelConfig
 from model.weights import WeightsError
+from tests.subprocess_env import user_env
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {  # head_dim 16: the smallest the attention kernels take
     "llama": ModelConfig("llama", 96, 64, 40, 2, 4, 2, 16, tie_word_embeddings=False),
@@ -83,10 +88,18 @@ def _tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
             lambda t: t.update({"model.layers.0.self_attn.o_proj.weight": torch.zeros(64, 31)}),
             "model.layers.0.self_attn.o_proj.weight has shape (64, 31), the config implies (64, 64)",
         ),
-        (lambda t: t.update({"model.norm.weight": torch.zeros(64, dtype=torch.int32)}), "dtype torch.int32"),
+        (lambda t: t.update({"model.norm.weight": torch.zeros(64, dtype=torch.int32)}), "dtype I32"),
         (
             lambda t: t.update({"model.norm.weight": torch.zeros(64, dtype=torch.float64)}),
-            "dtype torch.float64, expected bfloat16, float16 or float32",
+            "model.norm.weight has dtype F64, expected one of BF16, F16, F32 (bfloat16, float16 or float32)",
+        ),
+        (
+            lambda t: t.update({"model.norm.weight": torch.zeros(64, dtype=torch.float8_e4m3fn)}),
+            "model.norm.weight has dtype F8_E4M3, expected one of BF16, F16, F32",
+        ),
+        (
+            lambda t: t.update({"lm_head.weight": torch.zeros(96, 64, dtype=torch.int8)}),
+            "lm_head.weight has dtype I8, expected one of BF16, F16, F32",
         ),
         (
             lambda t: t.update({"model.norm.weight": torch.full((64,), float("nan"), dtype=torch.bfloat16)}),
@@ -102,7 +115,7 @@ def _tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
         ),
         (
             lambda t: t.update({"lm_head.weight": torch.ones(5, 64, dtype=torch.bfloat16)}),
-            "lm_head.weight has shape (5, 64), the config implies (96, 64) (tied to model.embed_tokens",
+            "lm_head.weight has shape (5, 64), the config implies (96, 64)",
         ),
     ],
 )
@@ -266,8 +279,49 @@ def test_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_directory_without_weights(tmp_path: Path) -> None:
-    with pytest.raises(WeightsError, match=r"no model\.safetensors"):
+    with pytest.raises(WeightsError, match=r"no model\.safetensors or model\.safetensors\.index\.json$"):
         model_weights.load(tmp_path, TINY["llama"], "cpu")
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (["pytorch_model.bin"], "it holds pytorch_model .bin weights: only safetensors checkpoints are read"),
+        (["pytorch_model-00001-of-00002.bin"], "it holds pytorch_model .bin weights"),
+        (["model-00001-of-00002.safetensors"], "1 other .safetensors files, e.g. model-00001-of-00002"),
+    ],
+)
+def test_a_directory_in_another_layout_says_what_it_holds(tmp_path: Path, files: list, message: str) -> None:
+    for name in files:
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(WeightsError, match=re.escape(message)):
+        model_weights.load(tmp_path, TINY["llama"], "cpu")
+
+
+def test_names_without_the_model_prefix_get_a_hint(tmp_path: Path) -> None:
+    """A base-model checkpoint (saved from Qwen3Model, not Qwen3ForCausalLM) has bare names."""
+    cfg = TINY["qwen3"]
+    tensors = {n.removeprefix("model."): t for n, t in _tensors(cfg).items()}
+    _write(tmp_path, tensors, cfg)
+    with pytest.raises(WeightsError, match=r"its names lack the 'model\.' prefix: a base-model checkpoint"):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
+def test_an_unreadable_config_or_index_is_a_named_error(tmp_path: Path, monkeypatch) -> None:
+    cfg = TINY["qwen3"]
+    hf_checkpoint(tmp_path, cfg, shards=2)
+    real_read_text = Path.read_text
+
+    def refuse(self: Path, *args, **kwargs) -> str:
+        if self.name in ("config.json", model_weights.INDEX_FILE):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    with pytest.raises(ConfigError, match=r"config\.json: cannot read it \(Permission denied\)"):
+        model_config.load(tmp_path)
+    with pytest.raises(WeightsError, match=r"index\.json: cannot read it \(Permission denied\)"):
+        model_weights.load(tmp_path, cfg, "cpu")
 
 
 @pytest.mark.parametrize(
@@ -276,7 +330,15 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6}}, "rope scaling"),
-        ({"use_sliding_window": True}, "sliding-window"),
+        (
+            {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+            r"use_sliding_window: true, with sliding_window 8 and max_window_layers 1, makes layers 1 to 1",
+        ),
+        ({"use_sliding_window": True, "max_window_layers": 0}, "sliding_window 4096 and max_window_layers 0"),
+        (
+            {"use_sliding_window": True, "max_window_layers": -1},
+            "max_window_layers: expected an integer >= 0",
+        ),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
         ({"attention_bias": True}, "attention_bias"),
@@ -353,6 +415,21 @@ def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: 
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=message):
         model_config.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"use_sliding_window": True},  # max_window_layers 28 (its default) >= the 2 layers
+        {"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0},
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
+        {"use_sliding_window": True, "sliding_window": 8, "layer_types": ["full_attention"] * 2},
+    ],
+)
+def test_sliding_window_switched_on_for_no_layer_loads(change: dict) -> None:
+    """transformers runs these with full attention in every layer, so they are taken."""
+    cfg = model_config.to_hf_dict(TINY["qwen3"]) | change
+    assert model_config.from_hf_dict(cfg) == model_config.from_hf_dict(model_config.to_hf_dict(TINY["qwen3"]))
 
 
 def test_fields_at_their_defaults_or_null_load() -> None:
@@ -456,3 +533,21 @@ def test_article_preset_is_the_seed_article_config() -> None:
     assert (a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim) == (28, 1024, 8, 2, 128)
     assert (a.intermediate_size, a.vocab_size, a.rms_norm_eps, a.rope_theta) == (4864, 151936, 1e-6, 1e6)
     assert a.tie_word_embeddings and not a.qkv_bias and not a.qk_norm
+
+
+def test_config_head_dims_are_the_attention_kernels() -> None:
+    from ops.attention import HEAD_DIMS
+
+    assert model_config.HEAD_DIMS == HEAD_DIMS
+
+
+def test_parsing_a_config_imports_no_triton(tmp_path: Path) -> None:
+    """A script that imported triton first (torch.compile does) can still read a config."""
+    (tmp_path / "config.json").write_text(json.dumps(model_config.to_hf_dict(TINY["qwen3"])))
+    code = (
+        "import sys; from model import config; config.load(sys.argv[1]); "
+        "assert 'triton' not in sys.modules and 'ops' not in sys.modules"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], check=True, cwd=ROOT, env=user_env(), timeout=120
+    )
