@@ -214,7 +214,7 @@ register(OpSpec(
 ))
 register(OpSpec(  # decode's QKV GEMM with qk-norm models: the norm before it in its prologue
     "add_rms_norm_linear", fused_linear.add_rms_norm_linear, references.fused_linear.add_rms_norm_linear,
-    s_fused_linear.add_rms_norm_linear_params, s_fused_linear.add_rms_norm_linear_build, (11, 12, 13),
+    s_fused_linear.add_rms_norm_linear_params, s_fused_linear.add_rms_norm_linear_build, (11, 12, 2),
     s_fused_linear.ADD_RMS_NORM_LINEAR_EXAMPLES, s_fused_linear.ADD_RMS_NORM_LINEAR_INVALID,
     sums_products=True,
 ))
