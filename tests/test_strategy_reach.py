@@ -44,8 +44,10 @@ ROPE_KV_STORE = (
 
 DTYPES = ("dtype bfloat16", "dtype float16", "dtype float32")
 LAYOUTS = ("x contiguous", "x column_slice", "weight contiguous", "weight row_slice", "weight column_slice")
+PATTERNS = tuple(f"pattern {p}" for p in ("ties", "nan", "nan_last", "neg_inf"))
+SPLIT_K = ("K not divisible by split_k", "preallocated partials", "split_k 16")
 KV_LAYOUTS = ("k/v qkv_slices", "k/v k_contiguous", "k/v v_contiguous")
-ROPE_KV_LAYOUTS = tuple(f"layout {k}" for k in ("separate", "mixed", "fused_padded"))
+ROPE_KV_LAYOUTS = tuple(f"layout {k}" for k in ("separate", "mixed", "fused_padded", "heads_padded_mixed"))
 
 REQUIRED: dict[str, tuple[str, ...]] = {
     "embedding": (
@@ -57,6 +59,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         "ids int32",
         "ids int64",
         "ids outside",
+        "non-contiguous",
     ),
     "rms_norm": (*SHAPES, "3-d input", "values zeros", "large magnitude"),
     "add_rms_norm": (*SHAPES, "values zeros"),
@@ -66,12 +69,12 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "apply_rope": APPLY_ROPE,
     "kv_cache_store": ("S = 1", "L = 1", *STARTS, *KV_LAYOUTS),
     "rope_kv_store": (*STARTS, *ROPE_KV_STORE, *ROPE_KV_LAYOUTS),
-    "argmax": ("B = 1", "V = 1", "pattern ties", "pattern nan", "pattern neg_inf", "non-contiguous"),
+    "argmax": ("B = 1", "V = 1", "non-contiguous", *PATTERNS),
     "attention": (*ATTENTION, "decode path", "prefill path"),
     "attention_prefill": ATTENTION,
     "attention_decode": ATTENTION,
-    "linear": (*GEMM, "bias", "no bias", "x transposed", "weight transposed", *LAYOUTS),
-    "linear_splitk": (*GEMM, "K not divisible by split_k", "preallocated partials", "split_k 16", *LAYOUTS),
+    "linear": (*GEMM, "bias", "no bias", "x transposed", "weight transposed", "cancelling terms", *LAYOUTS),
+    "linear_splitk": (*GEMM, *SPLIT_K, "cancelling terms", *LAYOUTS),
     "splitk_reduce": ("M = 1", "N tail", "1 splits", "16 splits", "31 splits"),
     "add_rms_norm_linear": (*GEMM, "bias", "fused gemv", "composed (M > 4)", *LAYOUTS),
     "add_rms_norm_linear_silu_mul": (*GEMM, "fused gemv", "composed (M > 4)"),

@@ -34,7 +34,13 @@ def add_build(params: dict, device: torch.device) -> Case:
 
 def silu_mul_params(limits: Limits) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries(
-        {"m": size(limits.rows, AWKWARD), "n": size(limits.width, WIDTHS), "fused": st.booleans(), **common()}
+        {
+            "m": size(limits.rows, AWKWARD),
+            "n": size(limits.width, WIDTHS),
+            "fused": st.booleans(),
+            "up_pad": padding(),
+            **common(),
+        }
     )
 
 
@@ -47,9 +53,9 @@ def silu_mul_build(params: dict, device: torch.device) -> Case:
         gate, up = gate_up[:, :n], gate_up[:, n:]
     else:
         gate = values((m, n), dtype, params["dist"], gen, device)
-        up = values((m, n), dtype, params["dist"], gen, device)
+        up = strided_view((m, n), dtype, params["dist"], gen, device, params.get("up_pad", 0))
     labels = labels_for(params, N=n, M=m)
-    if fused:
+    if fused or params.get("up_pad", 0):
         labels.append("non-contiguous")
     return Case(params, (gate, up), labels=tuple(labels))
 
@@ -83,6 +89,7 @@ def _silu_example(name: str, m: int, n: int, **extra: object) -> dict:
 ADD_EXAMPLES = (
     _add_example("typical: 3 x 65, strided", [3], 65, pad=2, gpu=False),
     _add_example("article decode residual", [1, 1], 1024, gpu=False),
+    _add_example("a row past one 1024-wide block (N=1100)", [2], 1100, gpu=False),
     _add_example("article prefill residual", [1, 256], 1024),
     _add_example("qwen2.5 residual, large values", [4, 33], 896, dist="large"),
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, values
+from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, strided_view
 from verify.limits import Limits
-from verify.strategies.common import INDEX_DTYPES, Invalid, common, labels_for, replace
+from verify.strategies.common import INDEX_DTYPES, Invalid, common, labels_for, padding, replace
 
 # token ids anywhere, at the table's first and last rows, all one, and some outside the table
 # (-1, V, and the dtype's extremes: the contract gives those a NaN row, never another row)
@@ -24,6 +24,8 @@ def embedding_params(limits: Limits) -> st.SearchStrategy[dict]:
             "ids": st.sampled_from(IDS),
             "id_dtype": st.sampled_from(INDEX_DTYPES),
             "offset": st.integers(0, 5),  # ids start this many columns into a longer buffer
+            "id_step": st.sampled_from([1, 2]),  # 2: every other column (ids' last-dim stride 2)
+            "table_pad": padding(),  # table rows inside wider rows (row stride H + pad)
             **common(dists=("normal", "large", "tiny", "constant_rows")),
         }
     )
@@ -33,8 +35,10 @@ def embedding_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     b, s, vocab, offset = params["b"], params["s"], params["vocab"], params["offset"]
     ids_kind, id_dtype = choice(params, "ids", IDS), choice(params, "id_dtype", INDEX_DTYPES)
-    table = values((vocab, params["hidden"]), dtype_of(params), params["dist"], gen, device)
-    buffer = torch.randint(0, vocab, (b, s + offset + 3), generator=gen, device=device)
+    table_pad = params.get("table_pad", 0)
+    table = strided_view((vocab, params["hidden"]), dtype_of(params), params["dist"], gen, device, table_pad)
+    step = choice(params, "id_step", (1, 2), 1)
+    buffer = torch.randint(0, vocab, (b, step * s + offset + 3), generator=gen, device=device)
     if ids_kind == "edges":  # the first and last rows of the table
         buffer = torch.where(buffer % 2 == 0, 0, vocab - 1)
     elif ids_kind == "repeated":
@@ -44,10 +48,10 @@ def embedding_build(params: dict, device: torch.device) -> Case:
         bad = torch.tensor([-1, vocab, info.max, info.min], device=device)
         buffer = torch.where(buffer % 3 == 0, bad[buffer % 4], buffer)
         buffer[:, offset] = bad[buffer[:, offset + 1] % 4]  # at least one in every row
-    ids = buffer.to(getattr(torch, id_dtype))[:, offset : offset + s]
+    ids = buffer.to(getattr(torch, id_dtype))[:, offset : offset + step * s : step]
     labels = labels_for(params, S=s, H=params["hidden"], V=vocab)
     labels += [f"ids {params['ids']}", f"ids {params['id_dtype']}"]
-    if offset or b > 1:
+    if offset or b > 1 or step > 1 or table_pad:
         labels.append("non-contiguous")
     return Case(params, (ids, table), labels=tuple(labels))
 
@@ -71,6 +75,9 @@ def _example(name: str, b: int, s: int, vocab: int, hidden: int, **extra: object
 
 EMBEDDING_EXAMPLES = (
     _example("typical: 2 x 5 ids into 100 x 33", 2, 5, 100, 33, gpu=False),
+    _example(
+        "every other id of the buffer, table rows padded", 2, 3, 40, 17, id_step=2, table_pad=3, gpu=False
+    ),
     _example("article decode token", 1, 1, 151936, 1024, ids="edges"),
     _example("article prefill 256 tokens", 1, 256, 151936, 1024),
     _example("qwen2.5 batch 4 prefill", 4, 33, 151936, 896, id_dtype="int32"),

@@ -66,7 +66,7 @@ def _norm_inputs(params: dict, gen: torch.Generator, device: torch.device) -> tu
     x_layout = choice(params, "x_layout", ROW_LAYOUTS)
     residual_layout = choice(params, "residual_layout", ROW_LAYOUTS)
     x = _rows(m, k, x_layout, dtype, params["dist"], gen, device)
-    residual = _rows(m, k, residual_layout, dtype, "normal", gen, device)
+    residual = _rows(m, k, residual_layout, dtype, params["dist"], gen, device)  # tiny sums reach eps
     if choice(params, "norm_weight", NORM_WEIGHTS) == "ones":
         norm_weight = torch.ones(k, dtype=dtype, device=device)
     else:
@@ -134,6 +134,7 @@ ADD_RMS_NORM_LINEAR_EXAMPLES = (
         gpu=False,
     ),
     _norm_example("two rows (M=2) on the gemv path, N and K tails", 2, 37, 45, gpu=False),
+    _norm_example("decode M=1, tiny x and residual: eps dominates", 1, 17, 48, dist="tiny", gpu=False),
     *_norm_projection_examples(),
     _norm_example("split-K gemv: N=64, K=4000 (K tail), large values", 1, 64, 4000, dist="large"),
     _norm_example(
@@ -304,6 +305,8 @@ ADD_RMS_NORM_LINEAR_ROPE_KV_STORE_EXAMPLES = (
     _qkv_rope_example("prefill 2 x 17 (composed), half rotary", 2, 17, (2, 4, 64), 1024, rotary="half"),
     _qkv_rope_example("head_dim 34 (17 pairs a head), fp32", 3, 1, (1, 3, 34), 100, dtype="float32",
                       gpu=False),
+    _qkv_rope_example("decode 2 rows, negative start: rows before 0 dropped", 2, 1, (2, 2, 16), 129,
+                      starts="underflow", gpu=False),
 )  # fmt: skip
 
 

@@ -78,9 +78,23 @@ def weight_tensor(params: dict, gen: torch.Generator, device: torch.device) -> t
     return values((n, k), dtype, "normal", gen, device)
 
 
+def _cancel(params: dict, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """With ``cancel``: x's second half of K repeats its first, and the weight's second half is
+    minus its first scaled by 1 + 2^-6, so every output is ~2^-6 of its terms: an error of an
+    input ulp per product (products or K-block partials rounded to the dtype) is then many output
+    ulps, where on plain random data it hides below plain torch's own rounding."""
+    if not choice(params, "cancel", BOOLS, False):
+        return
+    h = x.shape[1] // 2
+    x[:, h : 2 * h].copy_(x[:, :h])
+    weight[:, h : 2 * h].copy_((-weight[:, :h].float() * (1 + 2**-6)).to(weight.dtype))
+
+
 def _labels(params: dict) -> list[str]:
     out = labels_for(params, M=params["m"], N=params["n"], K=params["k"])
     out += [f"x {params['x_layout']}", f"weight {params['w_layout']}"]
+    if choice(params, "cancel", BOOLS, False):
+        out.append("cancelling terms")
     if params["x_layout"] != "contiguous" or params["w_layout"] != "contiguous":
         out.append("non-contiguous")
     return out
@@ -110,6 +124,7 @@ def _shape_fields(limits: Limits) -> dict:
         "k": size(limits.gemm, AWKWARD + MODEL_DIMS),
         "x_layout": st.sampled_from(X_LAYOUTS),
         "w_layout": st.sampled_from(W_LAYOUTS),
+        "cancel": st.booleans(),
         **common(),
     }
 
@@ -125,6 +140,7 @@ def linear_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     x = _x(params, gen, device)
     weight = weight_tensor(params, gen, device)
+    _cancel(params, x, weight)
     has_bias = choice(params, "bias", BOOLS)
     bias = values((params["n"],), dtype_of(params), "normal", gen, device) if has_bias else None
     labels = [*_labels(params), "bias" if has_bias else "no bias"]
@@ -208,6 +224,26 @@ LINEAR_EXAMPLES = (
     _example(
         "decode M=1, qkv N=1152 K=896 + bias, outliers", 1, 1152, 896, bias=True, dist="outliers", gpu=False
     ),
+    _example(
+        "tiled M=5, K=129 past one block, x and weight transposed",
+        5,
+        17,
+        129,
+        x_layout="transposed",
+        w_layout="transposed",
+        gpu=False,
+    ),
+    _example(
+        "gemv M=2, K=129 in several steps, x and weight transposed",
+        2,
+        17,
+        129,
+        x_layout="transposed",
+        w_layout="transposed",
+        gpu=False,
+    ),
+    _example("cancelling terms, gemv M=1 K=64 in one step", 1, 17, 64, cancel=True, gpu=False),
+    _example("cancelling terms across K blocks, tiled M=5 K=160", 5, 17, 160, cancel=True, gpu=False),
 )
 
 
@@ -237,6 +273,7 @@ def linear_splitk_build(params: dict, device: torch.device) -> Case:
     gen = generator(params, device)
     x = _x(params, gen, device)
     weight = weight_tensor(params, gen, device)
+    _cancel(params, x, weight)
     split = params["split_k"]
     labels = [*_labels(params), f"split_k {split}"]
     if params["k"] % split:

@@ -27,8 +27,10 @@ from verify.strategies.rope import (
 )
 
 # q, k, v: head slices of one QKV row (padded: a wider row), three contiguous tensors, or mixed
-# (k contiguous beside q and v slices, as the unfused model hands them over): k and v strides differ
-LAYOUTS = ("fused", "fused_padded", "separate", "mixed", "heads_padded")
+# (k contiguous beside q and v slices, as the unfused model hands them over): k and v strides differ;
+# heads_padded pads every head's row (head strides D + 3), heads_padded_mixed then makes k
+# contiguous, so k's and v's head strides differ too
+LAYOUTS = ("fused", "fused_padded", "separate", "mixed", "heads_padded", "heads_padded_mixed")
 
 
 def token_budget(limits: Limits) -> int:
@@ -76,9 +78,10 @@ def _qkv(params: dict, gen: torch.Generator, device: torch.device) -> tuple[torc
     dtype, dist, layout = dtype_of(params), params["dist"], choice(params, "layout", LAYOUTS)
     if layout == "separate":
         return tuple(values((b, s, h, d), dtype, dist, gen, device) for h in (hq, hkv, hkv))
-    if layout == "heads_padded":  # every head's row padded: head strides D + 3, not D
+    if layout in ("heads_padded", "heads_padded_mixed"):  # every head's row padded: head strides D + 3
         heads = values((b, s, hq + 2 * hkv, d + 3), dtype, dist, gen, device)[..., :d]
-        return heads[:, :, :hq], heads[:, :, hq : hq + hkv], heads[:, :, hq + hkv :]
+        q, k, v = heads[:, :, :hq], heads[:, :, hq : hq + hkv], heads[:, :, hq + hkv :]
+        return (q, k.contiguous(), v) if layout == "heads_padded_mixed" else (q, k, v)
     width = (hq + 2 * hkv) * d
     pad = 3 if layout == "fused_padded" else 0
     qkv = values((b * s, width + pad), dtype, dist, gen, device)[:, :width]
@@ -151,6 +154,10 @@ ROPE_KV_STORE_EXAMPLES = (
         2, 3, 9, 2, 2, 34, rotary="half", qk_norm=True, gpu=False,
     ),
     _example("decode into the last row, 7-way GQA, head_dim 16", 1, 1, 9, 1, 7, 16, starts="end", gpu=False),
+    _example(
+        "k contiguous beside padded q and v heads (k and v head strides differ)", 1, 2, 6, 2, 2, 16,
+        layout="heads_padded_mixed", gpu=False,
+    ),
     _example(
         "prefill 5, 8-way GQA, fused qkv rows with padded heads", 2, 5, 12, 1, 8, 16,
         layout="fused_padded", gpu=False,

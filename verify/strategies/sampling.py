@@ -9,7 +9,7 @@ from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator,
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, padding, replace
 
-PATTERNS = ("random", "ties", "nan", "neg_inf", "constant")
+PATTERNS = ("random", "ties", "nan", "neg_inf", "constant", "nan_last")
 
 
 def argmax_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -38,6 +38,8 @@ def argmax_build(params: dict, device: torch.device) -> Case:
         logits[:, :] = float("-inf")
     elif pattern == "constant":
         logits[:, :] = 1.5
+    elif pattern == "nan_last":  # the only NaN at the row's last index
+        logits[:, vocab - 1] = float("nan")
     logits = logits.to(dtype_of(params))[:, :vocab]
     labels = [*labels_for(params, V=vocab, B=b), f"pattern {pattern}"]
     if params["pad"]:
@@ -61,7 +63,8 @@ def _example(name: str, b: int, vocab: int, pattern: str, **extra: object) -> di
 
 ARGMAX_EXAMPLES = (
     _example("typical: 3 rows of 129 with ties", 3, 129, "ties", gpu=False),
-    _example("NaN in short rows", 2, 77, "nan", gpu=False),  # the ci profile's 20 draws may miss it
+    _example("NaN in short rows", 2, 77, "nan", gpu=False),
+    _example("the only NaN at the last index", 2, 300, "nan_last", gpu=False),  # 20 draws may miss both
     _example("article decode logits", 1, 151936, "random", gpu=False),
     _example("batch 4 with ties at 151936", 4, 151936, "ties", dtype="float32"),
     _example("NaN in the logits", 2, 151936, "nan"),
