@@ -366,13 +366,17 @@ def _attention_inputs(seq_len: int) -> tuple:
     return q, k, v, torch.tensor([seq_len], dtype=torch.int32), 0.5
 
 
-def test_attention_floor_is_one_ulp_per_visible_score_through_the_softmax() -> None:
+def test_attention_floor_is_log2_d_ulps_per_visible_score_through_the_softmax() -> None:
+    """head_dim 2 here: one ulp a score; 128 terms summed in fp32 may be off by 7."""
     from references.attention import score_rounding_floor
 
     eps = torch.finfo(torch.float32).eps
     assert score_rounding_floor(*_attention_inputs(2)) == 2 * (8 * eps) * 9
     assert score_rounding_floor(*_attention_inputs(1)) == 2 * (2 * eps) * 5  # row 1 not visible
     assert score_rounding_floor(*_attention_inputs(0)) == 0.0
+    q, k, v, seq_lens, scale = _attention_inputs(2)
+    wide = [torch.nn.functional.pad(t, (0, 126)) for t in (q, k, v)]  # head_dim 128, same terms
+    assert score_rounding_floor(*wide, seq_lens, scale) == 7 * 2 * (8 * eps) * 9
 
 
 def test_attention_floor_bounds_what_an_ulp_on_every_score_does() -> None:
