@@ -20,8 +20,6 @@ capacity ``L`` simply finds no rows beyond ``L``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from references.precision import acc, compute_dtype, out, ulp
@@ -119,17 +117,15 @@ def seq_lens_below_s(
 def score_rounding_floor(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
 ) -> float:
-    """How far the output may move when every visible score is off by what an fp32 dot of its
-    terms may be off.
+    """How far the output may move when every visible score is off by one fp32 ulp of its terms.
 
-    Any fp32 computation of a score ``scale * sum_d q_d k_d`` sums its D terms in some order,
-    however lucky plain torch's order was. Where the terms share a sign (q and k aligned or
-    opposed: the "very_negative" and "large" scores) a sum of D fp32 terms is off by up to
-    ``ceil(log2 D)`` ulps of ``|scale| sum_d |q_d k_d|`` in a pairwise order, and a running sum
-    by a few ulps in practice (one ulp, the floor's earlier count, was exceeded on the H200:
-    tolerances.toml). Since ``d out / d score_j = p_j (v_j - out)``, an error of at most ``e``
-    on every score moves the output by at most ``2 e max|v|``: that is the floor, over the
-    visible rows. Large scores (hundreds) make it the dominant fp32 error.
+    Any fp32 computation of a score ``scale * sum_d q_d k_d`` (another summation order, the
+    scale folded into an exp2 argument) can be off by about an ulp of ``|scale| sum_d |q_d k_d|``,
+    however lucky plain torch's rounding was; a running sum of same-signed terms by a few
+    (``floor_ulps`` in tolerances.toml says how many a backend gets). Since ``d out / d score_j
+    = p_j (v_j - out)``, an error of at most ``e`` on every score moves the output by at most
+    ``2 e max|v|``: that is the floor, over the visible rows. Large scores (hundreds) make it
+    the dominant fp32 error.
     """
     if q.numel() == 0 or k_cache.numel() == 0:  # no output, or no row to see: nothing can move
         return 0.0
@@ -142,5 +138,4 @@ def score_rounding_floor(
         largest_terms.append(terms.amax())
         largest_values.append(values.masked_fill(~mask, 0.0).amax())
     largest_v = torch.stack(largest_values).amax().item()
-    ulps = max(1, math.ceil(math.log2(q.shape[-1])))
-    return 2.0 * ulps * ulp(torch.float32, torch.stack(largest_terms).amax().item()) * largest_v
+    return 2.0 * ulp(torch.float32, torch.stack(largest_terms).amax().item()) * largest_v

@@ -598,7 +598,7 @@ def check(
         if spec.sums_products:
             terms_out = _run_reference(spec, case, "terms")
         if spec.error_floor is not None:
-            extra_floor = spec.error_floor(*case.args, **case.kwargs)
+            extra_floor = tol.floor_ulps * spec.error_floor(*case.args, **case.kwargs)
     for i, ((name, got), (_, want)) in enumerate(zip(impl_out, ref_out, strict=True)):
         if name in spec.mutates and oracle_out and lowp_out:
             before = case.args[names.index(name)]

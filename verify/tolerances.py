@@ -23,7 +23,9 @@ class Tolerance:
     where the oracle is the reference in fp64 and ``lowp`` the reference computed in the op's own
     dtype (where that breaks down, the fp32 reference: ``verify.compare.judge``); ``atol``
     (default 0) covers a documented absolute limit such as flushed subnormals, and ``ulps``
-    (default 1) a documented per-element error such as the GPU's approximate fp32 math.
+    (default 1) a documented per-element error such as the GPU's approximate fp32 math; an op
+    with an ``error_floor`` (attention: what one fp32 ulp on every score does) adds
+    ``floor_ulps`` (default 1) times it.
     ``exact``: bitwise equality (copies, indices).
     """
 
@@ -32,6 +34,7 @@ class Tolerance:
     rtol: float = 0.0
     max_error_ratio: float = 0.0
     ulps: float = 1.0
+    floor_ulps: float = 1.0
 
 
 def dtype_key(dtype: torch.dtype) -> str:
@@ -77,7 +80,8 @@ def lookup(key: str, dtype: torch.dtype, path: Path = PATH, *, backend: str | No
             raise KeyError(f"{path}: [{key}] uses max_error_ratio but gives no ratio for {name}")
         ratio = float(numbers["max_error_ratio"])
         atol, ulps = float(numbers.get("atol", 0.0)), float(numbers.get("ulps", 1.0))
-        return Tolerance(rule, atol=atol, max_error_ratio=ratio, ulps=ulps)
+        floor_ulps = float(numbers.get("floor_ulps", 1.0))
+        return Tolerance(rule, atol=atol, max_error_ratio=ratio, ulps=ulps, floor_ulps=floor_ulps)
     return Tolerance(rule, atol=float(numbers["atol"]), rtol=float(numbers["rtol"]))
 
 
