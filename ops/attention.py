@@ -67,6 +67,7 @@ DECODE_MAX_ROWS = 64  # query rows (new tokens x q heads per kv head) one decode
 HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tiles need no head-dim mask
 MAX_SPLITS = 128  # caps the combine kernel's work and the scratch size
 COMBINE_CHUNK = 32  # splits the combine kernel loads at once
+INTERPRETER_COMBINE_CHUNK = 2  # on CPU: the interpreter's few splits still reach the busy-splits combine
 COMBINE_BLOCK_D = 64  # head dims per combine program: a D=128 row is two programs
 LOG2E = 1.4426950408889634
 FP32_MAX = 3.4028234663852886e38
@@ -644,7 +645,8 @@ def launch_decode(
     )  # fmt: skip
     if splits == 1:
         return
-    block_d, chunk = min(dim, COMBINE_BLOCK_D), min(COMBINE_CHUNK, triton.next_power_of_2(splits))
+    most = INTERPRETER_COMBINE_CHUNK if backend.is_interpreter() else COMBINE_CHUNK
+    block_d, chunk = min(dim, COMBINE_BLOCK_D), min(most, triton.next_power_of_2(splits))
     grid = (batch * seq * q_heads, dim // block_d)
     if splits <= chunk:
         _decode_combine_kernel[grid](
