@@ -124,7 +124,6 @@ def _shape_fields(limits: Limits) -> dict:
         "k": size(limits.gemm, AWKWARD + MODEL_DIMS),
         "x_layout": st.sampled_from(X_LAYOUTS),
         "w_layout": st.sampled_from(W_LAYOUTS),
-        "cancel": st.booleans(),
         **common(),
     }
 
@@ -133,7 +132,8 @@ def _shape_fields(limits: Limits) -> dict:
 
 
 def linear_params(limits: Limits) -> st.SearchStrategy[dict]:
-    return st.fixed_dictionaries({**_shape_fields(limits), "bias": st.booleans()}).filter(fits_dtype)
+    fields = {**_shape_fields(limits), "cancel": st.booleans(), "bias": st.booleans()}
+    return st.fixed_dictionaries(fields).filter(fits_dtype)
 
 
 def linear_build(params: dict, device: torch.device) -> Case:
@@ -265,7 +265,12 @@ LINEAR_INVALID = (
 
 
 def linear_splitk_params(limits: Limits) -> st.SearchStrategy[dict]:
-    fields = {**_shape_fields(limits), "split_k": split_counts(limits), "prealloc": st.booleans()}
+    fields = {
+        **_shape_fields(limits),
+        "cancel": st.booleans(),
+        "split_k": split_counts(limits),
+        "prealloc": st.booleans(),
+    }
     return st.fixed_dictionaries(fields).filter(lambda p: p["split_k"] <= p["k"] and fits_dtype(p))
 
 
