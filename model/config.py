@@ -132,8 +132,9 @@ _MISSING = object()
 
 
 def _field(cfg: dict, key: str, kind: str, default: Any = _MISSING) -> Any:
-    """``cfg[key]`` checked as ``kind`` ("count": a positive int; "positive": a positive finite
-    number; "bool"); ``default`` when absent or null, and without a default the field is required."""
+    """``cfg[key]`` checked as ``kind`` ("count": a positive int; "index": an int >= 0; "positive":
+    a positive finite number; "bool"); ``default`` when absent or null, and without a default the
+    field is required."""
     value = cfg.get(key)
     if value is None:
         if default is _MISSING:
@@ -142,9 +143,9 @@ def _field(cfg: dict, key: str, kind: str, default: Any = _MISSING) -> Any:
     if kind == "bool":
         ok = isinstance(value, bool)
         want = "true or false"
-    elif kind == "count":
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        want = "a positive integer"
+    elif kind in ("count", "index"):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= (kind == "count")
+        want = "a positive integer" if kind == "count" else "an integer >= 0"
     else:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
         want = "a positive finite number"
@@ -215,9 +216,7 @@ def _refuse_sliding_layers(cfg: dict, layers: int) -> None:
     if not _field(cfg, "use_sliding_window", "bool", False):
         return
     window = cfg.get("sliding_window", 4096)
-    first = cfg.get("max_window_layers", 28)
-    if first is None or isinstance(first, bool) or not isinstance(first, int) or first < 0:
-        raise ConfigError(f"max_window_layers: expected an integer >= 0, got {first!r}")
+    first = _field(cfg, "max_window_layers", "index", 28)
     if window is not None and first < layers:
         raise ConfigError(
             f"use_sliding_window: true, with sliding_window {window} and max_window_layers {first}, "

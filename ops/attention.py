@@ -67,7 +67,6 @@ DECODE_MAX_ROWS = 64  # query rows (new tokens x q heads per kv head) one decode
 HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two: tiles need no head-dim mask
 MAX_SPLITS = 128  # caps the combine kernel's work and the scratch size
 COMBINE_CHUNK = 32  # splits the combine kernel loads at once
-INTERPRETER_COMBINE_CHUNK = 2  # on CPU: the interpreter's few splits still reach the busy-splits combine
 COMBINE_BLOCK_D = 64  # head dims per combine program: a D=128 row is two programs
 LOG2E = 1.4426950408889634
 FP32_MAX = 3.4028234663852886e38
@@ -99,6 +98,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     target_programs: int  # aim for about this many (split, batch, kv head) programs
+    combine_chunk: int = COMBINE_CHUNK  # splits combined at once; more go to the busy-splits combine
 
 
 class DecodeScratch(NamedTuple):
@@ -491,7 +491,10 @@ def decode_config(head_dim: int, dtype: torch.dtype, capacity: int) -> DecodeCon
     and 4096) are guesses.
     """
     if backend.is_interpreter():
-        return DecodeConfig(block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count())
+        # chunks of 2 splits: the interpreter's few splits still reach the busy-splits combine
+        return DecodeConfig(
+            block_n=16, num_warps=1, num_stages=1, target_programs=2 * _sm_count(), combine_chunk=2
+        )
     warps, stages = 4, 3
     if capacity <= 512:
         block_n = max(16, 4096 // head_dim)
@@ -645,8 +648,7 @@ def launch_decode(
     )  # fmt: skip
     if splits == 1:
         return
-    most = INTERPRETER_COMBINE_CHUNK if backend.is_interpreter() else COMBINE_CHUNK
-    block_d, chunk = min(dim, COMBINE_BLOCK_D), min(most, triton.next_power_of_2(splits))
+    block_d, chunk = min(dim, COMBINE_BLOCK_D), min(config.combine_chunk, triton.next_power_of_2(splits))
     grid = (batch * seq * q_heads, dim // block_d)
     if splits <= chunk:
         _decode_combine_kernel[grid](

@@ -180,8 +180,9 @@ def test_combine_rescales_across_chunks_of_splits(
     """The combine kernel's running max over several chunks of splits, the last one partial, and
     rows whose later splits lie past seq_len (neutral partials, not read); with splits of two
     tiles each, a shorter row's tiles spread over the splits."""
-    monkeypatch.setattr(ops_attention, "COMBINE_CHUNK", 2)  # the interpreter's chunk, on the GPU too
-    config = ops_attention.DecodeConfig(block_n=16, num_warps=4, num_stages=1, target_programs=programs)
+    config = ops_attention.DecodeConfig(
+        block_n=16, num_warps=4, num_stages=1, target_programs=programs, combine_chunk=2
+    )  # the interpreter's chunk, on the GPU too
     monkeypatch.setattr(ops_attention, "decode_config", lambda head_dim, dtype, capacity: config)
     case = _case(s=1, past=100, slack=0, b=2, kv_heads=2, lens="ragged", scores=scores)
     k_cache = case.args[1]
