@@ -262,8 +262,9 @@ def _parse(cfg: dict) -> ModelConfig:
             "quantization_config: quantized checkpoints are not supported "
             "(the loader reads bfloat16, float16 or float32 weights)"
         )
-    if _field(cfg, "pretraining_tp", "count", 1) != 1:  # null: transformers' default, 1
-        raise ConfigError("pretraining_tp != 1 is not implemented")
+    # Megatron's tensor-parallel rank in pretraining: transformers 5 ignores it (4.x summed the
+    # same products in slices), so any value computes this model; checked only as a count
+    _field(cfg, "pretraining_tp", "count", 1)
     hidden = _field(cfg, "hidden_size", "count")
     heads = _field(cfg, "num_attention_heads", "count")
     layers = _field(cfg, "num_hidden_layers", "count")

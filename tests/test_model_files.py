@@ -378,7 +378,7 @@ def test_an_unreadable_config_or_index_is_a_named_error(tmp_path: Path, monkeypa
         ({"rope_parameters": {"type": "dynamic", "rope_theta": 1e6}}, "rope_parameters: rope scaling"),
         ({"rope_scaling": "linear"}, "rope_scaling: expected an object"),
         ({"mlp_bias": True}, "mlp_bias is not implemented"),
-        ({"pretraining_tp": 2}, "pretraining_tp != 1 is not implemented"),
+        ({"pretraining_tp": 0}, "pretraining_tp: expected a positive integer, got 0"),
         ({"use_sliding_window": "false"}, "use_sliding_window: expected true or false, got 'false'"),
         ({"mlp_bias": "false"}, "mlp_bias: expected true or false, got 'false'"),
         ({"attention_bias": 0}, "attention_bias: expected true or false, got 0"),
@@ -424,10 +424,12 @@ def test_unsupported_configs_are_refused(tmp_path: Path, change: dict, message: 
         {"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0},
         {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
         {"use_sliding_window": True, "sliding_window": 8, "layer_types": ["full_attention"] * 2},
+        {"pretraining_tp": 2},  # Megatron's rank in pretraining: transformers 5 ignores it
     ],
 )
-def test_sliding_window_switched_on_for_no_layer_loads(change: dict) -> None:
-    """transformers runs these with full attention in every layer, so they are taken."""
+def test_settings_transformers_runs_as_plain_layers_load(change: dict) -> None:
+    """transformers runs these as plain full-attention layers (a window switched on for no layer,
+    a pretraining tensor-parallel rank), so they are taken."""
     cfg = model_config.to_hf_dict(TINY["qwen3"]) | change
     assert model_config.from_hf_dict(cfg) == model_config.from_hf_dict(model_config.to_hf_dict(TINY["qwen3"]))
 
