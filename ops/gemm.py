@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ops import pdl, scratch, validate
-from ops.gemm_config import GEMV_MAX_M, MAX_SPLIT_K, GemmConfig, config_for, default_config, table_config
+from ops.gemm_config import GEMV_MAX_M, MAX_SPLIT_K, GemmConfig, config_for, table_config
 
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use: bounds the pipeline depth
 MAX_NORM_BLOCK = 4096  # the norm prologue reads a row of up to this many in one step, longer in steps
@@ -857,9 +857,7 @@ def linear_splitk(
     """
     m, n, k = check_operands(x, weight)
     split_k = _check_split_k(split_k, k)
-    config = config_for(m, n, k)
-    if m > GEMV_MAX_M and config.kernel == "gemv":
-        config = default_config(m, n, k)
+    config = config_for(m, n, k)  # gemv only at M <= GEMV_MAX_M (tests/test_gemm.py holds the table to it)
     y, partials = _outputs(x, weight, None, out, partials, split_k)
     return run(x, weight, None, config, y, partials)
 
