@@ -36,6 +36,10 @@ def hf_checkpoint(directory: Path, config: ModelConfig, shards: int = 1) -> dict
     hf_config = transformers.AutoConfig.for_model(**model_config.to_hf_dict(config))
     torch.manual_seed(0)
     hf_model = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch.bfloat16)
+    with torch.no_grad():  # HF zero-inits biases and ones-inits norms: make a mix-up show
+        for name, p in hf_model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
     hf_model.save_pretrained(directory, max_shard_size="20KB" if shards > 1 else "10GB")
     return {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
 
@@ -46,19 +50,27 @@ def test_hf_checkpoint_round_trip(tmp_path: Path, family: str) -> None:
     state = hf_checkpoint(tmp_path, cfg)
     assert model_config.load(tmp_path).replace(eos_token_ids=()) == cfg  # HF adds its default eos
     w = model_weights.load(tmp_path, cfg, "cpu")
-    layer = w.layers[1]
-    q, kv = cfg.q_size, cfg.kv_size
-    assert torch.equal(layer.qkv[q : q + kv], state["model.layers.1.self_attn.k_proj.weight"])
-    assert torch.equal(layer.gate_up[cfg.intermediate_size :], state["model.layers.1.mlp.up_proj.weight"])
+    hf = {k.removeprefix("model.layers.1."): v for k, v in state.items()}
+    want = {
+        "input_norm": hf["input_layernorm.weight"],
+        "qkv": torch.cat([hf[f"self_attn.{p}_proj.weight"] for p in "qkv"]),
+        "qkv_bias": torch.cat([hf[f"self_attn.{p}_proj.bias"] for p in "qkv"]) if cfg.qkv_bias else None,
+        "q_norm": hf["self_attn.q_norm.weight"] if cfg.qk_norm else None,
+        "k_norm": hf["self_attn.k_norm.weight"] if cfg.qk_norm else None,
+        "o_proj": hf["self_attn.o_proj.weight"],
+        "post_norm": hf["post_attention_layernorm.weight"],
+        "gate_up": torch.cat([hf["mlp.gate_proj.weight"], hf["mlp.up_proj.weight"]]),
+        "down": hf["mlp.down_proj.weight"],
+    }
+    for field, expected in want.items():
+        got = getattr(w.layers[1], field)
+        assert (got is None and expected is None) or torch.equal(got, expected), field
     assert torch.equal(w.embed, state["model.embed_tokens.weight"])
+    assert torch.equal(w.final_norm, state["model.norm.weight"])
     if cfg.tie_word_embeddings:
         assert w.lm_head is w.embed
     else:
         assert torch.equal(w.lm_head, state["lm_head.weight"])
-    if cfg.qkv_bias:
-        assert torch.equal(layer.qkv_bias[q + kv :], state["model.layers.1.self_attn.v_proj.bias"])
-    if cfg.qk_norm:
-        assert torch.equal(layer.q_norm, state["model.layers.1.self_attn.q_norm.weight"])
 
 
 def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
