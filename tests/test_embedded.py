@@ -181,7 +181,13 @@ def test_lock_makes_one_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         (out / "BUILD.json").write_text("{}")
 
     monkeypatch.setattr(embedded, "_build", slow_build)
-    threads = [threading.Thread(target=embedded.ensure, kwargs={"cache_dir": tmp_path}) for _ in range(3)]
+    together = threading.Barrier(3)  # all three ask at once, well inside the build's 0.2 s
+
+    def ensure() -> None:
+        together.wait()
+        embedded.ensure(cache_dir=tmp_path)
+
+    threads = [threading.Thread(target=ensure) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
