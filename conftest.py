@@ -1,4 +1,5 @@
-"""Backend selection, Hypothesis profiles and the ``gpu`` marker for the whole test suite."""
+"""Backend selection, Hypothesis profiles, the ``gpu`` marker and a seeded torch for the whole test
+suite."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Checkpoints built on first use (the embedded default, preset files) land in the repo's
 # ignored cache, shared by all xdist workers of a run and by later runs.
 os.environ.setdefault("TRITONCHECK_CACHE", os.path.join(os.path.dirname(__file__), ".cache", "tritoncheck"))
+
+
+@pytest.fixture(autouse=True)
+def _torch_seeded():
+    """torch's global generator from one seed before every test: an unseeded ``torch.randn`` then
+    draws the same values whichever xdist worker runs the test, and after whatever else."""
+    import torch
+
+    torch.manual_seed(0)
 
 
 @pytest.fixture(autouse=True)
