@@ -8,7 +8,6 @@ in-place forms an op supports, which must still match the reference.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -32,21 +31,11 @@ DEVICE = backend.device()
 BF16 = torch.bfloat16
 
 
-_seeds = itertools.count()
-
-
-@pytest.fixture(autouse=True)
-def _seeds_from_zero() -> None:
-    """Each test draws the same values whatever ran before it on its worker."""
-    global _seeds
-    _seeds = itertools.count()
-
-
 def randn(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
-    """A new seed each call: two operands of one shape (x and the residual) must differ, or an op
-    that reads one for the other would still match."""
-    generator = torch.Generator().manual_seed(next(_seeds))
-    return torch.randn(shape, generator=generator, dtype=torch.float32).to(DEVICE, dtype)
+    """New values each call (torch's generator, seeded before every test by conftest): two operands
+    of one shape (x and the residual) must differ, or an op that reads one for the other would
+    still match."""
+    return torch.randn(shape, dtype=torch.float32).to(DEVICE, dtype)
 
 
 def test_overlap_is_by_byte_span() -> None:

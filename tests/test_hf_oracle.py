@@ -18,6 +18,7 @@ from model import config as model_config
 from model import reference
 from model import weights as model_weights
 from model.config import ModelConfig
+from tests.test_model_files import perturb_biases_and_norms
 from verify.e2e import hf_forward
 
 FAMILIES = {
@@ -31,10 +32,7 @@ def _checkpoint(directory: Path, cfg: ModelConfig) -> torch.nn.Module:
     hf_config = transformers.AutoConfig.for_model(**model_config.to_hf_dict(cfg))
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
-    with torch.no_grad():  # HF zero-inits biases and ones-inits norms: make them matter
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
+    perturb_biases_and_norms(hf)
     hf.save_pretrained(directory)
     return hf
 

@@ -28,6 +28,14 @@ TINY = {  # head_dim 16: the smallest the attention kernels take
 }
 
 
+def perturb_biases_and_norms(hf_model: torch.nn.Module) -> None:
+    """HF zero-inits biases and ones-inits norms: noise on them, so a mix-up of two shows."""
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+
+
 def hf_checkpoint(directory: Path, config: ModelConfig, shards: int = 1) -> dict[str, torch.Tensor]:
     """Write a checkpoint with HF transformers' own model class (real tensor names)."""
     import transformers  # a test dependency: imported here, as only these tests need it
@@ -36,10 +44,7 @@ def hf_checkpoint(directory: Path, config: ModelConfig, shards: int = 1) -> dict
     hf_config = transformers.AutoConfig.for_model(**model_config.to_hf_dict(config))
     torch.manual_seed(0)
     hf_model = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch.bfloat16)
-    with torch.no_grad():  # HF zero-inits biases and ones-inits norms: make a mix-up show
-        for name, p in hf_model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
+    perturb_biases_and_norms(hf_model)
     hf_model.save_pretrained(directory, max_shard_size="20KB" if shards > 1 else "10GB")
     return {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
 
