@@ -118,7 +118,7 @@ def test_bisect_reports_the_first_layer_and_the_first_op_and_drills_into_every_o
 
 @pytest.mark.parametrize(("op", "row"), [("linear", "head"), ("embedding", "embed")])
 def test_bisect_names_a_diverging_model_level_op(
-    op: str, row: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    op: str, row: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """The embedding and the lm_head run outside the layers, where --inject cannot reach: their
     own rows of the report must catch them (the Triton decoders are built with the op off)."""
@@ -141,6 +141,13 @@ def test_bisect_names_a_diverging_model_level_op(
     data = json.loads(report.read_text())
     assert data["first"]["layer"] == row
     assert data["culprit"]["op"] == op
+    assert Path(data["culprit"]["repro"].split()[5]).name.startswith("step0-model-")  # not "layer-1"
+    place = {"embed": "the embedding (before layer 0)", "head": "the head (after the last layer)"}[row]
+    verdict = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("DIVERGES"))
+    if row == "embed":  # an exact op: named, not measured against a bf16 threshold of 0
+        assert verdict == f"DIVERGES: first at prefill, in {place}: embedding outside its tolerance"
+    else:
+        assert verdict.startswith(f"DIVERGES: first at prefill, in {place}: teacher-forced rel L2")
 
 
 def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
@@ -190,10 +197,16 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
     bug = "tests/buggy_ops.py:attention_gqa_tiled"
     run = cli(
         "verify.e2e", "--new-tokens", "2", "--against", "reference", "--inject", f"attention={bug}@1",
-        "--json", str(report),
+        "--cache-len", "64", "--json", str(report),
     )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
     assert "triton: DRIFTS from step 0" in run.stdout
+    # the bisect run it suggests carries the injection and the cache, and finds the bug
+    hint = f"python -m verify.bisect --layer --inject attention={bug}@1 --cache-len 64 --prompt-len 12 "
+    assert f"`{hint}--decode-steps 0` finds where" in run.stdout
+    bisected = cli("verify.bisect", *hint.split()[3:], "--decode-steps", "0")
+    assert bisected.returncode == 1, bisected.stdout + bisected.stderr
+    assert "culprit: attention at attention of layer 1" in bisected.stdout
     data = json.loads(report.read_text())
     assert data["verdicts"] == {"triton": "DRIFTS"}
     assert data["injected"] == [{"op": "attention", "impl": bug, "layers": [1]}]
@@ -217,6 +230,7 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.e2e", ("--inject", "embedding=references.embedding:embedding@1"), "runs outside the layers"),
         ("verify.e2e", ("--json", "/no/such/dir/e2e.json"), "--json /no/such/dir/e2e.json: no directory"),
         ("verify.bisect", ("--json", "README.md/x.json"), "no directory README.md"),
+        ("verify.bisect", ("--plot", "errors.txt"), "--plot errors.txt: expected a file ending"),
         ("verify.bisect", ("--repro-dir", "README.md/repros"), "README.md exists and is not a directory"),
         ("verify.bisect", ("--inject", "rms_norm@1"), "expected OP=IMPL@LAYERS"),
         ("verify.bisect", ("--model", "/no/such/dir"), "no such directory"),
@@ -438,6 +452,16 @@ def test_bisect_plot_without_matplotlib_exits_2_before_the_run() -> None:
     run = cli("verify.bisect", "--plot", "errors.png")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "--plot errors.png: needs matplotlib" in run.stderr
+
+
+def test_bisect_plot_takes_a_bare_name_as_png_and_refuses_other_suffixes() -> None:
+    from verify import bisect as bisect_cli
+    from verify.models import UsageError
+
+    assert bisect_cli.plot_path("out/errors") == "out/errors.png"
+    assert [bisect_cli.plot_path(f"e.{s}") for s in ("png", "PDF", "svg")] == ["e.png", "e.PDF", "e.svg"]
+    with pytest.raises(UsageError, match=r"--plot e\.jpeg: expected a file ending in \.png, \.pdf or \.svg"):
+        bisect_cli.plot_path("e.jpeg")
 
 
 @pytest.mark.parametrize("module", ["verify.e2e", "verify.bisect"])

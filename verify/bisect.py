@@ -159,6 +159,15 @@ def _layer_args(model: Decoder, trace: StepTrace) -> tuple:
 # ---- judging layers and ops ----------------------------------------------------------------------
 
 
+def _passed(output) -> str:
+    """Why a passing output passed: its rule's own words, or how close it came to the bound."""
+    if output.reason:
+        return output.reason
+    if output.used is None:
+        return "exact match"
+    return f"within allclose, worst element at {output.used:.0%} of its bound"
+
+
 def check_recorded_ops(
     trace: StepTrace, layer: int, triton: Decoder, save_dir: Path, step: int, impl_specs: dict
 ) -> list[OpResult]:
@@ -173,7 +182,8 @@ def check_recorded_ops(
             continue
         spec = registry.get(call.op)
         impl = triton.overrides.get((call.op, layer), triton.impls[call.op])
-        file = save_dir / f"step{step}-layer{layer}-{call.point}-{call.op}.pt"
+        where = "model" if layer == MODEL_LAYER else f"layer{layer}"
+        file = save_dir / f"step{step}-{where}-{call.point}-{call.op}.pt"
         case = cases.recorded(str(file), args)
         result = check(spec, case, impl, impl_specs.get((call.op, layer)))
         shapes = describe_inputs(case)
@@ -183,9 +193,7 @@ def check_recorded_ops(
             torch.save({"op": call.op, "args": on_cpu}, file)
         worst = next((o for o in result.outputs if not o.passed), None)
         where = f"; failing elements: {worst.failing_at}" if worst and worst.failing_at else ""
-        detail = result.error or (
-            worst.reason + where if worst else "; ".join(o.reason for o in result.outputs if o.reason)
-        )
+        detail = result.error or (worst.reason + where if worst else "; ".join(map(_passed, result.outputs)))
         results.append(
             OpResult(
                 call.point,
@@ -293,7 +301,11 @@ def _parser() -> argparse.ArgumentParser:
         "--decode-steps", type=int, default=3, help="decode steps checked after prefill (default 3)"
     )
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    p.add_argument("--plot", metavar="PNG", help="per-layer error plot (needs matplotlib)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="per-layer error plot: .png (added to a bare name), .pdf or .svg; needs matplotlib",
+    )
     p.add_argument(
         "--repro-dir", metavar="DIR", help="where failing op inputs are saved (default: a temp dir)"
     )
@@ -347,6 +359,31 @@ def print_drill(ops: list[OpResult]) -> None:
         )
         if not r.passed:
             print(f"{'':<13} inputs: {r.shapes}")
+
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def plot_path(path: str | None) -> str | None:
+    """The file ``--plot`` writes: ``.png`` added to a bare name; a suffix matplotlib would not
+    take for a plot (or a typo) is refused before the run, not after it."""
+    if not path:
+        return path
+    suffix = Path(path).suffix.lower()
+    if not suffix:
+        return path + ".png"
+    if suffix not in PLOT_SUFFIXES:
+        from verify.models import UsageError
+
+        raise UsageError(f"--plot {path}: expected a file ending in .png, .pdf or .svg, got {suffix!r}")
+    return path
+
+
+def where(layer: str) -> str:
+    """A report row's place in the model, as the verdict lines name it."""
+    return {EMBED: "the embedding (before layer 0)", HEAD: "the head (after the last layer)"}.get(
+        layer, f"layer {layer}"
+    )
 
 
 def plot(report: Report, path: str) -> str:
@@ -435,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.decode_steps < 0:
             raise model_loading.UsageError(f"--decode-steps {args.decode_steps}: expected at least 0")
         cli.check_output_file("--json", args.json)
+        args.plot = plot_path(args.plot)
         cli.check_output_file("--plot", args.plot)
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise model_loading.UsageError(f"--plot {args.plot}: needs matplotlib, which is not installed")
@@ -496,25 +534,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"VERIFIED: every layer within its threshold at prefill and {steps}")
     else:
         report.verdict = "DIVERGES"
-        f = report.first
-        print(
-            f"DIVERGES: first at {report.steps[-1]}, layer {f.layer}: teacher-forced rel L2 "
-            f"{f.forced.rel_l2:.3g} > threshold {f.threshold:.3g} "
-            f"({factor:g} x bf16 torch {f.lowp.rel_l2:.3g})"
-        )
-        print(f"drill-down into layer {f.layer}: each Triton op on the reference's inputs for that op")
+        f, place = report.first, where(report.first.layer)
+        if f.layer == EMBED:  # judged by its ops' tolerances, not by a rel L2 threshold
+            failing = ", ".join(r.op for r in report.drill if not r.passed)
+            print(f"DIVERGES: first at {report.steps[-1]}, in {place}: {failing} outside its tolerance")
+        else:
+            print(
+                f"DIVERGES: first at {report.steps[-1]}, in {place}: teacher-forced rel L2 "
+                f"{f.forced.rel_l2:.3g} > threshold {f.threshold:.3g} "
+                f"({factor:g} x bf16 torch {f.lowp.rel_l2:.3g})"
+            )
+        print(f"drill-down into {place}: each Triton op on the reference's inputs for that op")
         print_drill(report.drill)
         if report.culprit is not None:
             c = report.culprit
-            print(f"\nculprit: {c.op} at {c.point} of layer {f.layer}\nrepro: {c.repro}")
+            print(f"\nculprit: {c.op} at {c.point} of {place}\nrepro: {c.repro}")
         else:
             print(
                 "\nno single op diverges on the reference's inputs: the layer's error comes from how its ops "
                 "compose (rounding accumulating across ops), not from one kernel"
             )
+    cli.write_json(args.json, asdict(report))  # before the plot: a plot that fails loses no report
     if args.plot:
         print(plot(report, args.plot))
-    cli.write_json(args.json, asdict(report))
     return 0 if report.first is None else 1
 
 

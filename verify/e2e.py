@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -310,9 +311,27 @@ def _header(names: list[str]) -> str:
     return "  ".join(cells)
 
 
-def _verdict(name: str, steps: list[Step], drift_tolerance: float | None) -> str:
+def bisect_command(args: argparse.Namespace, prompt_len: int, step: int) -> str:
+    """The bisect run that looks for where this run went wrong: the same checkpoint, injections
+    and KV cache, a prompt as long and as many decode steps as it took to get there."""
+    from verify.cli import DEFAULT_S
+
+    words = ["python", "-m", "verify.bisect", "--layer"]
+    if args.model is not None:
+        words += ["--model", args.model]
+    for text in args.inject:
+        words += ["--inject", text]
+    if args.inject and args.timeout != DEFAULT_S:
+        words += ["--timeout", "0" if args.timeout is None else f"{args.timeout:g}"]
+    if args.cache_len is not None:
+        words += ["--cache-len", str(args.cache_len)]
+    words += ["--prompt-len", str(prompt_len), "--decode-steps", str(step)]
+    return shlex.join(words)
+
+
+def _verdict(name: str, steps: list[Step], drift_tolerance: float | None, hint: Callable[[Step], str]) -> str:
     """Print and return one model's verdict over the run: its first divergence, else its first
-    drift, else parity (with the near-ties named)."""
+    drift, else parity (with the near-ties named). ``hint(step)`` follows the Triton model's."""
     at = {v: [s for s in steps if s.against[name].verdict == v] for v in ("DIVERGES", "DRIFTS", "near-tie")}
     ties = [s.step for s in at["near-tie"]]
     tie_text = f", near-ties at steps {ties}" if ties else ""
@@ -322,16 +341,16 @@ def _verdict(name: str, steps: list[Step], drift_tolerance: float | None) -> str
         print(
             f"{name}: DIVERGES at step {s.step} (position {s.position}): reference token {s.ref_token} "
             f"(margin {s.ref_margin:.3f}), {name} token {c.token}; max logits diff {c.max_abs_diff:.4f}"
+            f"{hint(s) if name == 'triton' else ''}"
         )
         return "DIVERGES"
     if at["DRIFTS"]:
         s = at["DRIFTS"][0]
         worst = max(d.against[name].max_abs_diff for d in at["DRIFTS"])
-        where = "; `python -m verify.bisect --layer` finds where" if name == "triton" else ""
         print(
             f"{name}: DRIFTS from step {s.step} (position {s.position}): logits off by up to {worst:.4f}, "
             f"past the drift tolerance {drift_tolerance:.4f}, with no token flipped past the near-tie "
-            f"tolerance over {len(steps)} steps{tie_text}{where}"
+            f"tolerance over {len(steps)} steps{tie_text}{hint(s) if name == 'triton' else ''}"
         )
         return "DRIFTS"
     print(f"{name}: token parity with the reference over {len(steps)} steps{tie_text}")
@@ -437,7 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{calibration['near_tie_tolerance']:.4f} ({calibration['near_tie_factor']:g}x), {drift_text}; "
         f"decode: {calibration['decode']}; {elapsed:.1f}s"
     )
-    verdicts = {name: _verdict(name, steps, drift) for name in names}
+
+    def hint(step: Step) -> str:
+        return f"; `{bisect_command(args, prompt.shape[1], step.step)}` finds where"
+
+    verdicts = {name: _verdict(name, steps, drift, hint) for name in names}
     if tokenizer is not None:
         print("text:", tokenizer.decode([s.ref_token for s in steps]))
     undecided = untestable(steps, calibration)
