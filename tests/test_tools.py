@@ -235,6 +235,12 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bisect", ("--inject", "rms_norm@1"), "expected OP=IMPL@LAYERS"),
         ("verify.bisect", ("--model", "/no/such/dir"), "no such directory"),
         ("verify.e2e", ("--model", "/no/such/dir"), "no such directory"),
+        ("verify.bisect", ("--model", ""), "--model: the name is empty, expected a checkpoint directory"),
+        (
+            "verify.bench",
+            ("attention", "--sweep", "--sweep-models", "qwen3,"),
+            "--sweep-models: unknown ''; expected",
+        ),
         (
             "verify.e2e",
             ("--prompt-ids", "1,2,99999"),
@@ -246,14 +252,19 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
             "--prompt-ids: token id 99999999999999999999 is outside the vocabulary [0, 1000)",
         ),
         ("verify.e2e", ("--prompt-ids", ""), "--prompt-ids: the prompt is empty"),
-        ("verify.bisect", ("--prompt-len", "600"), "exceeds the model's max_position_embeddings 512"),
+        (
+            "verify.bisect",
+            ("--prompt-len", "600"),
+            "--prompt-len 600 + --decode-steps 3 need 603 positions, more than the model's "
+            "max_position_embeddings 512",
+        ),
         # refused before a KV cache of that many positions is allocated (it was an out-of-memory crash)
-        ("verify.bisect", ("--prompt-len", "10" * 6), "exceeds the model's max_position_embeddings 512"),
+        ("verify.bisect", ("--prompt-len", "10" * 6), "more than the model's max_position_embeddings 512"),
         (
             "verify.e2e",
             ("--new-tokens", "10" * 6),
-            "--new-tokens 101010101010: the prompt's 12 tokens + 101010101010 new tokens need 101010101021 "
-            "positions, more than the model's max_position_embeddings 512",
+            "the prompt's 12 tokens + 101010101010 new tokens need 101010101021 positions, more than the "
+            "model's max_position_embeddings 512",
         ),
         ("verify.e2e", ("--prompt", "hello"), "needs a tokenizer"),
         ("verify.e2e", ("--against", "reference,vllm"), "--against"),
@@ -264,9 +275,19 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bench", ("attention", "--json", "/no/such/dir/a.json"), "no directory /no/such/dir"),
         ("verify.bench", ("model", "--skip", "hf,vllm"), "--skip: unknown row 'vllm'"),
         ("verify.bench", ("model", "--prompt-len", "0"), "--prompt-len: expected at least 1"),
-        ("verify.bench", ("model", "--cache-len", "300"), "--cache-len 300: the prompt, the new tokens and"),
+        ("verify.bench", ("model", "--cache-len", "300"), "--cache-len 300: --prompt-len 256 + --new-tokens"),
+        (
+            "verify.bench",
+            ("model", "--prompt-len", "32000", "--new-tokens", "1000"),
+            "--prompt-len 32000 + --new-tokens 1000 + 1 (the warm-up step writes one row past them) need "
+            "33001 positions, more than the model's max_position_embeddings 32768",
+        ),
         ("verify.bench", ("model", "--cache-len", "40000"), "--cache-len 40000: exceeds the model's max_pos"),
-        ("verify.bench", ("attention", "--sweep", "--sweep-models", "gpt2"), "--sweep-models: unknown gpt2"),
+        (
+            "verify.bench",
+            ("attention", "--sweep", "--sweep-models", "gpt2"),
+            "--sweep-models: unknown 'gpt2'",
+        ),
         ("verify.bench", ("attention", "--sweep-models", "article,qwen3"), "--sweep-models: only with"),
         ("verify.e2e", ("--cache-len", "13"), "--cache-len 13: the prompt's 12 tokens + 8 new tokens need"),
         ("verify.bisect", ("--cache-len", "600"), "--cache-len 600: exceeds the model's max_position"),

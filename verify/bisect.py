@@ -480,14 +480,9 @@ def main(argv: list[str] | None = None) -> int:
         injections = [model_loading.parse_injection(t) for t in args.inject]
         device = backend.device()
         config = model_loading.requested_config(args.model)  # checked before a checkpoint is built
-        max_seq = args.prompt_len + args.decode_steps
-        if max_seq > config.max_position_embeddings:  # checked before a KV cache of max_seq exists
-            raise model_loading.UsageError(
-                f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps} exceeds the model's "
-                f"max_position_embeddings {config.max_position_embeddings}"
-            )
         what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
-        max_seq = model_loading.cache_rows(args.cache_len, max_seq, what, config)
+        needed = args.prompt_len + args.decode_steps
+        max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)  # before any cache exists
         directory, config = model_loading.checkpoint_config(args.model)
         report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq)
 

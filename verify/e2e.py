@@ -277,20 +277,6 @@ def _checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
     return ids
 
 
-def _check_positions(prompt_len: int, new_tokens: int, config) -> None:
-    """Before the models are built: the KV cache is sized by the request, so a request past
-    the config's positions must be refused before it is allocated."""
-    from model.generate import cache_rows_needed
-
-    limit = config.max_position_embeddings
-    rows = cache_rows_needed(prompt_len, new_tokens)
-    if rows > limit:
-        raise UsageError(
-            f"--new-tokens {new_tokens}: the prompt's {prompt_len} tokens + {new_tokens} new tokens "
-            f"need {rows} positions, more than the model's max_position_embeddings {limit}"
-        )
-
-
 def _row(step: Step, names: list[str]) -> str:
     cells = [f"{step.step:>4}", f"{step.position:>5}", f"{step.ref_token:>9}", f"{step.ref_margin:>8.3f}"]
     for name in names:
@@ -395,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             directory, config = model_loading.checkpoint_config(args.model)
         prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
-        _check_positions(prompt.shape[1], args.new_tokens, config)
         needed = cache_rows_needed(prompt.shape[1], args.new_tokens)
         what = f"the prompt's {prompt.shape[1]} tokens + {args.new_tokens} new tokens"
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)

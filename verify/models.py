@@ -57,6 +57,10 @@ def cache_rows(cache_len: int | None, needed: int, what: str, config: model_conf
     """The KV cache capacity for a run needing ``needed`` rows (``what`` says of what), checked
     before any cache exists: at least ``needed``, at most the config's positions."""
     limit = config.max_position_embeddings
+    if needed > limit:
+        raise UsageError(
+            f"{what} need {needed} positions, more than the model's max_position_embeddings {limit}"
+        )
     if cache_len is None:
         return needed
     if cache_len < needed:
@@ -170,6 +174,8 @@ def resolve_checkpoint(model: str | None) -> Path:
         if note:
             print(note, file=sys.stderr)
         return presets.checkpoint(model)
+    if not model.strip():  # Path("") is the working directory: never what an empty argument meant
+        raise UsageError("--model: the name is empty, expected a checkpoint directory or a preset")
     path = Path(model)
     if not path.exists():
         raise UsageError(

@@ -467,7 +467,10 @@ def run_sweep(presets: list[str], replays: int, phases: list[int]) -> tuple[list
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m verify.bench gemm", description=" ".join(__doc__.split("\n\n")[0].split())
+        prog="python -m verify.bench gemm",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog="Exit status: 0 every config ran and matched, 1 one gave a wrong answer or (outside --sweep) "
+        "failed to run, 2 bad usage or no CUDA GPU.",
     )
     p.add_argument("--preset", choices=[*MODEL_PROJECTIONS, "all"], default="all")
     p.add_argument("--sweep", action="store_true", help="time candidate configs, print the best as a table")

@@ -265,14 +265,16 @@ def step_order(events: list, shares: list[float], steps: int, first: int = 16, l
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m verify.bench model", description=" ".join(__doc__.split("\n\n")[0].split())
+        prog="python -m verify.bench model",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog="Exit status: 0 timed (token parity is verify.e2e's job), 2 bad usage or no CUDA GPU.",
     )
-    p.add_argument("--preset", default="article", choices=sorted(PRESETS))
-    p.add_argument("--prompt-len", type=cli.positive_int, default=256)
-    p.add_argument("--new-tokens", type=cli.positive_int, default=128)
+    p.add_argument("--preset", default="article", choices=sorted(PRESETS), help="shape (default article)")
+    p.add_argument("--prompt-len", type=cli.positive_int, default=256, help="prefill tokens (default 256)")
+    p.add_argument("--new-tokens", type=cli.positive_int, default=128, help="decode tokens (default 128)")
     add_cache_argument(p)  # the reference-based rows (eager, compile) attend over all of it
     p.add_argument("--skip", default="", help=f"rows to skip, comma list: {','.join(SKIPPABLE)}")
-    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.add_argument(
         "--profile", action="store_true", help="also print where a graph decode step spends its time"
     )
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat",
         type=cli.positive_int,
         default=1,
-        help="time the graph decode rows this many times, interleaved (median)",
+        help="time the graph decode rows this many times, interleaved (median; default 1)",
     )
     args = p.parse_args(argv)
     cfg = PRESETS[args.preset]
@@ -305,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--skip: unknown row {sorted(skip - set(SKIPPABLE))[0]!r}; rows: {', '.join(SKIPPABLE)}")
     cli.require_output_file(p, "--json", args.json)
     length, new = args.prompt_len, args.new_tokens
-    try:  # the warm-up step writes one row past the last token
-        max_seq = cache_rows(args.cache_len, length + new + 1, "the prompt, the new tokens and one more", cfg)
+    what = f"--prompt-len {length} + --new-tokens {new} + 1 (the warm-up step writes one row past them)"
+    try:
+        max_seq = cache_rows(args.cache_len, length + new + 1, what, cfg)
     except UsageError as error:
         p.error(str(error))
     if timing.cuda_missing("verify.bench model"):
