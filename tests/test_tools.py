@@ -475,6 +475,26 @@ def test_bisect_plot_without_matplotlib_exits_2_before_the_run() -> None:
     assert "--plot errors.png: needs matplotlib" in run.stderr
 
 
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs the plot extra")
+def test_bisect_plot_comes_after_the_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare name gets .png, and the JSON is on disk before the plot is drawn (a plot that
+    fails must not lose the report)."""
+    from verify import bisect as bisect_cli
+
+    real_plot, drawn = bisect_cli.plot, []
+
+    def plot(report, path: str) -> str:
+        drawn.append((path, json.loads((tmp_path / "bisect.json").read_text())["verdict"]))
+        return real_plot(report, path)
+
+    monkeypatch.setattr(bisect_cli, "plot", plot)
+    model = str(tiny_checkpoint(tmp_path / "ckpt"))
+    argv = ["--model", model, "--prompt-len", "4", "--decode-steps", "0", "--plot", str(tmp_path / "errors")]
+    assert bisect_cli.main([*argv, "--json", str(tmp_path / "bisect.json")]) == 0
+    assert drawn == [(str(tmp_path / "errors.png"), "VERIFIED")]
+    assert (tmp_path / "errors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bisect_plot_takes_a_bare_name_as_png_and_refuses_other_suffixes() -> None:
     from verify import bisect as bisect_cli
     from verify.models import UsageError

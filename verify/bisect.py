@@ -392,16 +392,23 @@ def plot(report: Report, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report.layers if r.step == 0]
+    prefill = [r for r in report.layers if r.step == 0]
+    embed = next(r for r in prefill if r.layer == EMBED)  # judged by exact op checks: no threshold to draw
+    rows = [r for r in prefill if r.layer != EMBED]
     xs = list(range(len(rows)))
+
+    def errors(values: list[float]) -> list[float]:
+        return [v if v > 0 else float("nan") for v in values]  # a zero error has no place on a log axis
+
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.semilogy(xs, [max(r.free.rel_l2, 1e-12) for r in rows], "o-", label="free-running")
-    ax.semilogy(xs, [max(r.forced.rel_l2, 1e-12) for r in rows], "s-", label="teacher-forced (own error)")
-    ax.semilogy(xs, [max(r.threshold, 1e-12) for r in rows], "k--", label="threshold")
+    ax.semilogy(xs, errors([r.free.rel_l2 for r in rows]), "o-", label="free-running")
+    ax.semilogy(xs, errors([r.forced.rel_l2 for r in rows]), "s-", label="teacher-forced (own error)")
+    ax.semilogy(xs, errors([r.threshold for r in rows]), "k--", label="threshold")
     ax.set_xticks(xs, [r.layer for r in rows], rotation=90)
-    ax.set_xlabel("layer")
+    ax.set_xlabel("layer (a missing point: an error of 0)")
     ax.set_ylabel("relative L2 error vs reference")
-    ax.set_title(f"verify.bisect, prefill: {report.model}")
+    embedding = "embedding ops within tolerance" if embed.passed else "embedding ops DIVERGE"
+    ax.set_title(f"verify.bisect, prefill ({embedding}): {report.model}", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
