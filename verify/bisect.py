@@ -182,8 +182,8 @@ def check_recorded_ops(
             continue
         spec = registry.get(call.op)
         impl = triton.overrides.get((call.op, layer), triton.impls[call.op])
-        where = "model" if layer == MODEL_LAYER else f"layer{layer}"
-        file = save_dir / f"step{step}-{where}-{call.point}-{call.op}.pt"
+        place = "model" if layer == MODEL_LAYER else f"layer{layer}"
+        file = save_dir / f"step{step}-{place}-{call.point}-{call.op}.pt"
         case = cases.recorded(str(file), args)
         result = check(spec, case, impl, impl_specs.get((call.op, layer)))
         shapes = describe_inputs(case)
@@ -393,7 +393,7 @@ def plot(report: Report, path: str) -> str:
     import matplotlib.pyplot as plt
 
     prefill = [r for r in report.layers if r.step == 0]
-    embed = next(r for r in prefill if r.layer == EMBED)  # judged by exact op checks: no threshold to draw
+    embed = next(r for r in prefill if r.layer == EMBED)  # judged by its ops' checks: no threshold to draw
     rows = [r for r in prefill if r.layer != EMBED]
     xs = list(range(len(rows)))
 
