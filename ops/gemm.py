@@ -820,8 +820,9 @@ def linear(
 ) -> torch.Tensor:
     """``x[M, K] @ weight[N, K].T + bias[N]`` in fp32, rounded once, with the table's config.
 
-    ``partials``: the fp32 split-K buffer of shape :func:`ops.gemm_config.partials_shape`, used only when the
-    shape's config splits K; without it a per-shape workspace is used, so after one warm-up call
+    ``partials``: the fp32 split-K buffer of shape :func:`ops.gemm_config.partials_shape`, used
+    only when the shape's config splits K (otherwise only its type, rank and dtype are checked);
+    without it a per-shape workspace is used, so after one warm-up call
     a CUDA Graph capture of ``linear`` allocates nothing either way.
 
     ``static_weight=True`` promises that no kernel that may still be running writes ``weight``
@@ -836,6 +837,8 @@ def linear(
     m, n, k = check_operands(x, weight)
     config = table_config(m, n, k)
     if config.split_k == 1:
+        if partials is not None:  # unused here, but the same call may split on another backend
+            validate.tensor("partials", partials, ndim=3, dtypes=(torch.float32,))
         partials = None
     elif partials is None:
         partials = workspace(config.split_k, m, n, x.device)

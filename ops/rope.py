@@ -14,6 +14,7 @@ import triton.language as tl
 from ops import norm, pdl, validate
 from ops.heads import head_block, heads_per_program
 
+MAX_ROTARY_DIM = 2 * norm.MAX_N  # one token's half of the table is one block of registers, as a norm row is
 _inv_freq_cache: dict[tuple[int, float, torch.device], torch.Tensor] = {}
 
 
@@ -63,8 +64,8 @@ def rope_cos_sin(
     """``cos, sin`` of ``positions * inv_freq``: fp32 ``[B, S, rotary_dim / 2]`` each."""
     validate.tensor("positions", positions, ndim=2, dtypes=validate.INDEX_DTYPES, last_dim_contiguous=False)
     rotary_dim = validate.positive("rotary_dim", rotary_dim, integer=True)
-    if rotary_dim % 2:
-        raise ValueError(f"rotary_dim: expected an even number, got {rotary_dim}")
+    if rotary_dim % 2 or rotary_dim > MAX_ROTARY_DIM:
+        raise ValueError(f"rotary_dim: expected an even number up to {MAX_ROTARY_DIM}, got {rotary_dim}")
     base = validate.positive("base", base)
     batch, seq = positions.shape
     half = rotary_dim // 2

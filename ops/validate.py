@@ -33,6 +33,8 @@ def tensor(
     """Check one tensor argument: type, device, rank, dtype and unit stride in the last dim."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # a sparse tensor has no storage a kernel could read
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {t.layout}")
     want = backend.device()
     if t.device.type != want.type:
         raise ValueError(

@@ -56,7 +56,7 @@ def add_rms_norm_linear_rope_kv_store(
     qkv, total = add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
     batch, seq = cos.shape[:2]
     kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
-    heads = rounded(qkv, x.dtype).reshape(batch, seq, -1, dim)
+    heads = rounded(qkv, x.dtype).reshape(batch, seq, qkv.shape[-1] // dim, dim)  # not -1: seq may be 0
     q_heads = heads.shape[2] - 2 * kv_heads
     k, v = heads[:, :, q_heads : q_heads + kv_heads], heads[:, :, q_heads + kv_heads :]
     return rope_kv_store(heads[:, :, :q_heads], k, v, cos, sin, k_cache, v_cache, start_pos), total

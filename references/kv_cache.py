@@ -16,6 +16,8 @@ def kv_cache_store(
     also runs under ``torch.compile`` and CUDA Graphs (the benchmark's compiled peer).
     """
     capacity, new = k_cache.shape[1], k.shape[1]
+    if new == 0:  # no token to write (a shape, not a value: no host sync)
+        return
     token = torch.arange(capacity, device=k.device)[None, :] - start_pos.long()[:, None]  # [B, L]
     hit = ((token >= 0) & (token < new))[:, :, None, None]
     index = token.clamp(0, new - 1)[:, :, None, None].expand(-1, -1, *k.shape[2:])

@@ -241,6 +241,21 @@ def test_empty_and_degenerate_shapes() -> None:
     kv_cache.kv_cache_store(randn(1, 4, 2, 0), randn(1, 4, 2, 0), randn(1, 2, 2, 0), randn(1, 2, 2, 0), start)
 
 
+@pytest.mark.parametrize(
+    ("op", "tokens"),
+    [("kv_cache_store", "s"), ("rope_kv_store", "s"), ("add_rms_norm_linear_rope_kv_store", "m")],
+)
+def test_a_call_with_no_new_token_matches_the_reference(op: str, tokens: str) -> None:
+    """No token to write is a valid call (the kernels return at once); the references raised on
+    it, so ``verify.op --case`` called it bad input."""
+    import registry
+    from verify.compare import check
+
+    spec = registry.get(op)
+    result = check(spec, spec.build({**spec.typical, tokens: 0}, DEVICE))
+    assert result.passed and result.raised is None, result.describe()
+
+
 def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
     with pytest.raises(TypeError, match="out: expected None or a pair of tensors"):
         norm.add_rms_norm(randn(2, 16), randn(2, 16), randn(16), 1e-6, out=randn(2, 16))
@@ -279,6 +294,21 @@ def test_output_pairs_and_scratch_of_the_wrong_kind() -> None:
             lambda: gemm.splitk_reduce(randn(gemm.MAX_SPLIT_K + 1, 1, 4, dtype=torch.float32), BF16),
             ValueError,
             "partials: expected 1..64 splits",
+        ),
+        (
+            lambda: rope.rope_cos_sin(torch.zeros(1, 2, dtype=torch.int32, device=DEVICE), 2**34, 1e4),
+            ValueError,
+            r"rotary_dim: expected an even number up to 65536, got 17179869184",  # not a 34 GB table
+        ),
+        (
+            lambda: gemm.linear(randn(2, 16), randn(4, 16).to_sparse()),
+            TypeError,
+            "weight: expected a dense \\(strided\\) tensor, got layout torch.sparse_coo",
+        ),
+        (
+            lambda: gemm.linear(randn(2, 16), randn(4, 16), partials="junk"),  # a shape that does not split
+            TypeError,
+            "partials: expected a torch.Tensor, got str",
         ),
         (
             lambda: rope.rope_cos_sin(torch.zeros(1, 2, dtype=torch.int32, device=DEVICE), 8.0, 1e4),
