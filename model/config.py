@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,12 +128,14 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 _MISSING = object()
+WEIGHT_DTYPES = ("bfloat16", "float16", "float32")  # what the loader reads; the model computes in bf16
+FP32_MIN, FP32_MAX = 2.0**-126, (2 - 2.0**-23) * 2.0**127
 
 
 def _field(cfg: dict, key: str, kind: str, default: Any = _MISSING) -> Any:
     """``cfg[key]`` checked as ``kind`` ("count": a positive int; "index": an int >= 0; "positive":
-    a positive finite number; "bool"); ``default`` when absent or null, and without a default the
-    field is required."""
+    a positive number in fp32's normal range; "bool"); ``default`` when absent or null, and
+    without a default the field is required."""
     value = cfg.get(key)
     if value is None:
         if default is _MISSING:
@@ -146,9 +147,9 @@ def _field(cfg: dict, key: str, kind: str, default: Any = _MISSING) -> Any:
     elif kind in ("count", "index"):
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= (kind == "count")
         want = "a positive integer" if kind == "count" else "an integer >= 0"
-    else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-        want = "a positive finite number"
+    else:  # used in fp32 (eps, the RoPE base): past its range it would be 0 or inf there
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and FP32_MIN <= value <= FP32_MAX
+        want = f"a positive number in fp32's normal range ({FP32_MIN:.3g} to {FP32_MAX:.3g})"
     if not ok:
         raise ConfigError(f"{key}: expected {want}, got {value!r}")
     return value
@@ -257,6 +258,9 @@ def _parse(cfg: dict) -> ModelConfig:
         raise ConfigError("mlp_bias is not implemented")
     if family != "qwen2" and _field(cfg, "attention_bias", "bool", False):  # llama/qwen3: on o_proj too
         raise ConfigError(f"attention_bias (q/k/v/o projection bias) is not implemented for {family}")
+    for key in ("dtype", "torch_dtype"):  # transformers 5's name, and 4's
+        if cfg.get(key) not in (None, *WEIGHT_DTYPES, "auto"):
+            raise ConfigError(f"{key}: expected one of {', '.join(WEIGHT_DTYPES)} or auto, got {cfg[key]!r}")
     if cfg.get("quantization_config") is not None:
         raise ConfigError(
             "quantization_config: quantized checkpoints are not supported "
@@ -302,18 +306,25 @@ def _parse(cfg: dict) -> ModelConfig:
     )
 
 
+def is_there_but_not_a_file(path: Path) -> bool:
+    """A name that exists (or is a link, even a broken one) but cannot be read as a file."""
+    return (path.is_symlink() or path.exists()) and not path.is_file()
+
+
 def load(path: str | Path) -> ModelConfig:
     """A config from a checkpoint directory (its ``config.json``) or a ``config.json`` file."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
+    if is_there_but_not_a_file(file):
+        raise ConfigError(f"{file}: not a regular file (a directory, a FIFO or a broken or looping link)")
     if not file.is_file():
         raise ConfigError(f"{path}: no config.json found")
     try:
         cfg = json.loads(file.read_text())
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read it ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, a 5000-digit int, deep nesting
+        raise ConfigError(f"{file}: not valid JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{file}: expected a JSON object")
     return from_hf_dict(cfg, str(file))

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from model.config import ModelConfig
+from model.config import ModelConfig, is_there_but_not_a_file
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -100,7 +100,7 @@ def _weight_map(directory: Path) -> dict[str, Path]:
             mapping = json.loads(index.read_text())["weight_map"]
         except OSError as exc:
             raise WeightsError(f"{index}: cannot read it ({exc.strerror or exc})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        except (ValueError, RecursionError, KeyError, TypeError) as exc:  # ValueError: bad JSON, bad UTF-8
             raise WeightsError(
                 f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})"
             ) from None
@@ -114,6 +114,11 @@ def _weight_map(directory: Path) -> dict[str, Path]:
                 raise WeightsError(f"{index}: names shard {file.name}, which does not exist")
         _check_shards_match(files)
         return files
+    for name in (INDEX_FILE, SINGLE_FILE):
+        if is_there_but_not_a_file(directory / name):
+            raise WeightsError(
+                f"{directory / name}: not a regular file (a directory, a FIFO or a broken or looping link)"
+            )
     if not single.is_file():
         raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}{_other_layout(directory)}")
     with _open(single) as f:
@@ -246,6 +251,18 @@ def _not_finite(file: Path, name: str, stored: torch.Tensor, dtype: torch.dtype)
     )
 
 
+def _check_layer_count(directory: Path, layers: int, names: set[str]) -> None:
+    """The checkpoint holds layers 0..N-1 for some N: that N must be the config's (checked before
+    the config's per-layer names are listed, which for a num_hidden_layers of 10**12 never ends)."""
+    parts = (n.removeprefix("model.").split(".") for n in names)  # a base model's names lack "model."
+    held = {int(p[1]) for p in parts if len(p) > 2 and p[0] == "layers" and p[1].isdigit()}
+    if held == set(range(len(held))) and len(held) != layers:
+        what = f"the tensors of {len(held)} layers (0 to {len(held) - 1})" if held else "no layer's tensors"
+        raise WeightsError(
+            f"{directory}: config.json's num_hidden_layers is {layers}, but the checkpoint holds {what}"
+        )
+
+
 def load(
     directory: str | Path,
     config: ModelConfig,
@@ -255,8 +272,9 @@ def load(
     """Read and check every tensor of a checkpoint directory, fusing q/k/v and gate/up on ``device``."""
     directory = Path(directory)
     files = _weight_map(directory)
-    shapes = expected_shapes(config)
     present = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
+    _check_layer_count(directory, config.num_layers, present)
+    shapes = expected_shapes(config)
     stored_head = config.tie_word_embeddings and "lm_head.weight" in present
     if stored_head:  # some tied checkpoints store the copy anyway: checked against the embedding below
         present.discard("lm_head.weight")
@@ -270,6 +288,10 @@ def load(
             if bare and any(n.startswith("model.") for n in missing)
             else ""
         )
+        listed = set(files.values())
+        unlisted = sorted(f.name for f in directory.glob("*.safetensors") if f not in listed)
+        if unlisted and not hint and (directory / INDEX_FILE).is_file():  # a shard the index forgot
+            hint = f" (the shard index does not name {', '.join(unlisted)}, which is in the directory)"
         raise WeightsError(f"{directory}: missing {len(missing)} tensors, e.g. {missing[:3]}{hint}")
     if unexpected:
         where = files[unexpected[0]].name

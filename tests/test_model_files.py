@@ -295,6 +295,38 @@ def test_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
         model_weights.load(tmp_path, cfg, "cpu")
 
 
+def test_a_config_claiming_other_layers_than_the_checkpoint_holds(tmp_path: Path) -> None:
+    """Checked before the config's per-layer names are listed: for 10**12 layers that listing
+    never ended (memory grew without bound)."""
+    cfg = TINY["qwen3"]
+    _write(tmp_path, _tensors(cfg), cfg)
+    for layers in (10**12, 3, 1):
+        with pytest.raises(
+            WeightsError,
+            match=rf"num_hidden_layers is {layers}, but the checkpoint holds the tensors of 2 layers \(0 to",
+        ):
+            model_weights.load(tmp_path, cfg.replace(num_layers=layers), "cpu")
+
+
+def test_a_shard_the_index_forgot_is_named(tmp_path: Path) -> None:
+    cfg = TINY["qwen3"]
+    tensors = _tensors(cfg)
+    norm_weight = tensors.pop("model.norm.weight")
+    _write(tmp_path, tensors, cfg)
+    (tmp_path / "model.safetensors").rename(tmp_path / "rest.safetensors")
+    save_file({"model.norm.weight": norm_weight}, str(tmp_path / "norm.safetensors"))
+    _index(tmp_path, dict.fromkeys(tensors, "rest.safetensors"))
+    with pytest.raises(WeightsError, match=r"does not name norm\.safetensors, which is in the directory"):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
+@pytest.mark.parametrize("name", [model_weights.SINGLE_FILE, model_weights.INDEX_FILE])
+def test_a_weights_file_that_is_not_a_file_is_named(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).mkdir()
+    with pytest.raises(WeightsError, match=rf"{re.escape(name)}: not a regular file"):
+        model_weights.load(tmp_path, TINY["llama"], "cpu")
+
+
 def test_directory_without_weights(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match=r"no model\.safetensors or model\.safetensors\.index\.json$"):
         model_weights.load(tmp_path, TINY["llama"], "cpu")
@@ -362,9 +394,15 @@ def test_an_unreadable_config_or_index_is_a_named_error(tmp_path: Path, monkeypa
         ({"layer_types": ["sliding_attention", "full_attention"]}, "non-full attention"),
         ({"layer_types": "full_attention"}, "layer_types: expected a list"),
         ({"layer_types": ["full_attention"]}, "layer_types: 1 entries for num_hidden_layers 2"),
-        ({"rms_norm_eps": "abc"}, "rms_norm_eps: expected a positive finite number, got 'abc'"),
-        ({"rms_norm_eps": 0}, "rms_norm_eps: expected a positive finite number"),
-        ({"rope_theta": -5, "rope_parameters": None}, "rope_theta: expected a positive finite number"),
+        ({"rms_norm_eps": "abc"}, r"rms_norm_eps: expected a positive number in fp32's normal .*, got 'abc'"),
+        ({"rms_norm_eps": 0}, "rms_norm_eps: expected a positive number in fp32's normal range"),
+        ({"rope_theta": -5, "rope_parameters": None}, "rope_theta: expected a positive number in fp32's"),
+        # a JSON integer float() cannot take, and values that are 0 or inf in fp32
+        ({"rms_norm_eps": 10**400}, r"rms_norm_eps: expected a positive number in fp32's normal range \("),
+        ({"rms_norm_eps": 1e300}, "rms_norm_eps: expected a positive number in fp32's normal range"),
+        ({"rope_theta": 1e-300, "rope_parameters": None}, "rope_theta: expected a positive number in fp32's"),
+        ({"torch_dtype": "int8"}, "torch_dtype: expected one of bfloat16, float16, float32 or auto, got"),
+        ({"dtype": "potato"}, "dtype: expected one of bfloat16, float16, float32 or auto, got 'potato'"),
         ({"rope_parameters": "yarn"}, "rope_parameters: expected an object"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not implemented"),
         (
@@ -399,7 +437,7 @@ def test_an_unreadable_config_or_index_is_a_named_error(tmp_path: Path, monkeypa
         ({"use_sliding_window": "false"}, "use_sliding_window: expected true or false, got 'false'"),
         ({"mlp_bias": "false"}, "mlp_bias: expected true or false, got 'false'"),
         ({"attention_bias": 0}, "attention_bias: expected true or false, got 0"),
-        ({"rms_norm_eps": math.inf}, "rms_norm_eps: expected a positive finite number, got inf"),
+        ({"rms_norm_eps": math.inf}, "rms_norm_eps: expected a positive number in fp32's normal .*, got inf"),
         ({"eos_token_id": -1}, r"eos_token_id: expected token ids in \[0, 96\), got -1"),
         ({"eos_token_id": True}, r"eos_token_id: expected token ids in \[0, 96\), got True"),
         # transformers 5's per-layer-type form: refused whatever it holds, even default RoPE
@@ -537,6 +575,14 @@ def test_missing_config_and_bad_json(tmp_path: Path) -> None:
         model_config.load(tmp_path)
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
+        model_config.load(tmp_path)
+    for text in ('{"vocab_size": ' + "9" * 5000 + "}", "[" * 100_000):  # past json's digit and depth limits
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ConfigError, match="not valid JSON"):
+            model_config.load(tmp_path)
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(ConfigError, match=r"config\.json: not a regular file"):
         model_config.load(tmp_path)
 
 
