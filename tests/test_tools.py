@@ -252,6 +252,13 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
             "--prompt-ids: token id 99999999999999999999 is outside the vocabulary [0, 1000)",
         ),
         ("verify.e2e", ("--prompt-ids", ""), "--prompt-ids: the prompt is empty"),
+        ("verify.bisect", ("--prompt-ids", "1,1000"), "--prompt-ids: token id 1000 is outside the vocab"),
+        ("verify.bisect", ("--prompt-ids", "1,2", "--prompt-len", "2"), "not allowed with argument"),
+        (
+            "verify.bisect",
+            ("--prompt-ids", ",".join(["1"] * 600)),
+            "--prompt-ids' 600 tokens + --decode-steps 3 need 603 positions, more than the model's",
+        ),
         (
             "verify.bisect",
             ("--prompt-len", "600"),
@@ -493,6 +500,21 @@ def test_bisect_plot_comes_after_the_json(tmp_path: Path, monkeypatch: pytest.Mo
     assert bisect_cli.main([*argv, "--json", str(tmp_path / "bisect.json")]) == 0
     assert drawn == [(str(tmp_path / "errors.png"), "VERIFIED")]
     assert (tmp_path / "errors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_e2e_suggests_a_bisect_run_of_its_own_request() -> None:
+    from verify import e2e
+
+    given = ["--model", "my ckpt", "--prompt-ids", "5,6,7", "--inject", "attention=x.py:f@1"]
+    args = e2e._parser().parse_args([*given, "--timeout", "0", "--cache-len", "64"])
+    assert e2e.bisect_command(args, [5, 6, 7], 2) == (
+        "python -m verify.bisect --layer --model 'my ckpt' --inject attention=x.py:f@1 --timeout 0 "
+        "--cache-len 64 --prompt-ids 5,6,7 --decode-steps 2"
+    )
+    default = e2e._parser().parse_args([])  # bisect draws the default prompt as e2e does: its length says it
+    assert e2e.bisect_command(default, [1, 2, 3], 0) == (
+        "python -m verify.bisect --layer --prompt-len 3 --decode-steps 0"
+    )
 
 
 def test_bisect_plot_takes_a_bare_name_as_png_and_refuses_other_suffixes() -> None:

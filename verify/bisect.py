@@ -294,9 +294,15 @@ def _parser() -> argparse.ArgumentParser:
 
     add_model_arguments(p)
     add_cache_argument(p)
-    p.add_argument(
-        "--prompt-len", type=positive_int, default=12, help="prompt tokens for the prefill pass (default 12)"
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=12,
+        help="prompt tokens for the prefill pass (default 12): the embedded model's default prompt "
+        "repeated, else random ids (seed 0, as verify.e2e draws them)",
     )
+    prompt.add_argument("--prompt-ids", help="the prompt's token ids, comma separated (as verify.e2e takes)")
     p.add_argument(
         "--decode-steps", type=int, default=3, help="decode steps checked after prefill (default 3)"
     )
@@ -312,15 +318,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _prompt(model_arg: str | None, length: int, vocab: int, device: torch.device) -> torch.Tensor:
-    if model_arg is None:
+def _prompt_ids(args: argparse.Namespace, vocab: int) -> list[int]:
+    """``--prompt-ids``, else ``--prompt-len`` tokens: the embedded model's default prompt repeated,
+    or random ids drawn as verify.e2e draws its default prompt (the same for its 16 tokens)."""
+    if args.prompt_ids is not None:
+        from verify.cli import checked_ids, parse_ids
+
+        return checked_ids("--prompt-ids", parse_ids(args.prompt_ids), vocab)
+    if args.model is None:
         from model import embedded
 
         base = list(embedded.default_prompt())
-        ids = (base * (length // len(base) + 1))[:length]
-    else:
-        ids = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
-    return torch.tensor([ids], dtype=torch.int64, device=device)
+        return (base * (args.prompt_len // len(base) + 1))[: args.prompt_len]
+    return torch.randint(0, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
 def _fmt(e: Error) -> str:
@@ -416,13 +426,13 @@ def plot(report: Report, path: str) -> str:
     return f"plot written to {path}"
 
 
-def _walk(args, models, free, lowp, factor: float, save_dir: Path, impl_specs: dict, report, device) -> None:
-    """Prefill, then each decode step: compare every layer; at the first failing one, drill into its ops."""
+def _walk(args, ids: torch.Tensor, models, free, lowp, factor: float, save_dir: Path, impl_specs, report):
+    """Prefill ``ids``, then each decode step: compare every layer; at the first failing one, drill
+    into its ops."""
     from model.reference import check_finite
 
     started = time.monotonic()
-    ids = _prompt(args.model, args.prompt_len, models.config.vocab_size, device)
-    start = torch.zeros(1, dtype=torch.int32, device=device)
+    start = torch.zeros(1, dtype=torch.int32, device=ids.device)
     for step in range(args.decode_steps + 1):
         label = "prefill" if step == 0 else f"decode step {step} (position {int(start)})"
         trace = trace_reference(models.reference, ids, start)
@@ -487,9 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         injections = [model_loading.parse_injection(t) for t in args.inject]
         device = backend.device()
         config = model_loading.requested_config(args.model)  # checked before a checkpoint is built
-        what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
+        if args.prompt_ids is not None:
+            args.prompt_len = len(_prompt_ids(args, config.vocab_size))
+            what = f"--prompt-ids' {args.prompt_len} tokens + --decode-steps {args.decode_steps}"
+        else:
+            what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
         needed = args.prompt_len + args.decode_steps
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)  # before any cache exists
+        prompt = torch.tensor([_prompt_ids(args, config.vocab_size)], dtype=torch.int64, device=device)
         directory, config = model_loading.checkpoint_config(args.model)
         report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq)
 
@@ -524,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  injected: {inj.op} = {inj.impl_spec} in layers {inj.layer_spec}")
     try:
         with torch.no_grad():
-            _walk(args, models, free, lowp, factor, save_dir, impl_specs, report, device)
+            _walk(args, prompt, models, free, lowp, factor, save_dir, impl_specs, report)
     except model_loading.InjectedOpError as exc:
         return _injected_failure(args.json, report, str(exc), exc.where)
     except reference.NonFiniteReference as exc:

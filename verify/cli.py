@@ -179,6 +179,25 @@ def add_cache_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_ids(text: str) -> list[int]:
+    """``--prompt-ids``: comma-separated token ids."""
+    try:
+        return [int(t) for t in text.split(",")] if text.strip() else []  # "1,,2": an error, not [1, 2]
+    except ValueError:
+        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+
+
+def checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
+    """``ids`` once each is a token of the vocabulary, checked as Python ints: a huge one would
+    overflow the tensor before any later check could name the option."""
+    if not ids:
+        raise UsageError(f"{option}: the prompt is empty")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise UsageError(f"{option}: token id {bad} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
 def check_output_file(option: str, path: str | None) -> None:
     """``path`` (if given) can be written: its directory exists, it is not a directory itself, and
     opening it for writing works (tried in append mode; a file made by the try is removed)."""

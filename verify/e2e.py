@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from verify.cli import EPILOG, UsageError, positive_int
+from verify.cli import EPILOG, UsageError, checked_ids, parse_ids, positive_int
 
 if TYPE_CHECKING:
     from verify.models import Models
@@ -230,9 +230,9 @@ def _prompt(
     tokenizer = None
     if args.prompt is not None:
         tokenizer = _tokenizer(directory)
-        ids = _checked_ids("--prompt", tokenizer(args.prompt)["input_ids"], vocab)
+        ids = checked_ids("--prompt", tokenizer(args.prompt)["input_ids"], vocab)
     elif args.prompt_ids is not None:
-        ids = _checked_ids("--prompt-ids", _parse_ids(args.prompt_ids), vocab)
+        ids = checked_ids("--prompt-ids", parse_ids(args.prompt_ids), vocab)
     elif args.model is None:
         from model import embedded
 
@@ -259,24 +259,6 @@ def _tokenizer(directory) -> object:
         raise UsageError(f"--prompt needs a tokenizer in {directory}: {type(exc).__name__}: {exc}") from None
 
 
-def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",")] if text.strip() else []  # "1,,2": an error, not [1, 2]
-    except ValueError:
-        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
-
-
-def _checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
-    """``ids`` once each is a token of the vocabulary, checked as Python ints: a huge one would
-    overflow the tensor before any later check could name the option."""
-    if not ids:
-        raise UsageError(f"{option}: the prompt is empty")
-    bad = next((t for t in ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise UsageError(f"{option}: token id {bad} is outside the vocabulary [0, {vocab})")
-    return ids
-
-
 def _row(step: Step, names: list[str]) -> str:
     cells = [f"{step.step:>4}", f"{step.position:>5}", f"{step.ref_token:>9}", f"{step.ref_margin:>8.3f}"]
     for name in names:
@@ -297,9 +279,10 @@ def _header(names: list[str]) -> str:
     return "  ".join(cells)
 
 
-def bisect_command(args: argparse.Namespace, prompt_len: int, step: int) -> str:
-    """The bisect run that looks for where this run went wrong: the same checkpoint, injections
-    and KV cache, a prompt as long and as many decode steps as it took to get there."""
+def bisect_command(args: argparse.Namespace, prompt: list[int], step: int) -> str:
+    """The bisect run that looks for where this run went wrong: the same checkpoint, injections,
+    KV cache and prompt (bisect draws the default prompts as this does), as many decode steps
+    as it took to get there."""
     from verify.cli import DEFAULT_S
 
     words = ["python", "-m", "verify.bisect", "--layer"]
@@ -311,7 +294,11 @@ def bisect_command(args: argparse.Namespace, prompt_len: int, step: int) -> str:
         words += ["--timeout", "0" if args.timeout is None else f"{args.timeout:g}"]
     if args.cache_len is not None:
         words += ["--cache-len", str(args.cache_len)]
-    words += ["--prompt-len", str(prompt_len), "--decode-steps", str(step)]
+    if args.prompt is None and args.prompt_ids is None:
+        words += ["--prompt-len", str(len(prompt))]
+    else:
+        words += ["--prompt-ids", ",".join(map(str, prompt))]
+    words += ["--decode-steps", str(step)]
     return shlex.join(words)
 
 
@@ -443,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def hint(step: Step) -> str:
-        return f"; `{bisect_command(args, prompt.shape[1], step.step)}` finds where"
+        return f"; `{bisect_command(args, prompt[0].tolist(), step.step)}` finds where"
 
     verdicts = {name: _verdict(name, steps, drift, hint) for name in names}
     if tokenizer is not None:
