@@ -298,13 +298,20 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument(
         "--prompt-len",
         type=positive_int,
+        metavar="N",
         default=12,
         help="prompt tokens for the prefill pass (default 12): the embedded model's default prompt "
         "repeated, else random ids (seed 0, as verify.e2e draws them)",
     )
-    prompt.add_argument("--prompt-ids", help="the prompt's token ids, comma separated (as verify.e2e takes)")
+    prompt.add_argument(
+        "--prompt-ids", metavar="IDS", help="the prompt's token ids, comma separated (as verify.e2e takes)"
+    )
     p.add_argument(
-        "--decode-steps", type=int, default=3, help="decode steps checked after prefill (default 3)"
+        "--decode-steps",
+        type=int,
+        default=3,
+        metavar="K",
+        help="decode steps checked after prefill (default 3)",
     )
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument(

@@ -154,7 +154,9 @@ def add_timeout_argument(parser: argparse.ArgumentParser, what: str) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model``, ``--inject`` and their ``--timeout``, as every model-level CLI takes them."""
     parser.add_argument(
-        "--model", help="checkpoint directory or preset name (default: the embedded tiny model)"
+        "--model",
+        metavar="DIR|PRESET",
+        help="checkpoint directory or preset name (default: the embedded tiny model)",
     )
     parser.add_argument(
         "--inject",

@@ -213,11 +213,18 @@ def _parser() -> argparse.ArgumentParser:
     add_model_arguments(p)
     add_cache_argument(p)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model directory)")
-    src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
-    p.add_argument("--new-tokens", type=positive_int, default=8, help="tokens to generate (default 8)")
+    src.add_argument(
+        "--prompt", metavar="TEXT", help="prompt text (needs a tokenizer in the model directory)"
+    )
+    src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma separated")
     p.add_argument(
-        "--against", default="reference,hf", help="reference, or reference,hf (the default): HF is optional"
+        "--new-tokens", type=positive_int, default=8, metavar="N", help="tokens to generate (default 8)"
+    )
+    p.add_argument(
+        "--against",
+        default="reference,hf",
+        metavar="reference[,hf]",
+        help="reference, or reference,hf (the default): HF is optional",
     )
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     return p

@@ -37,13 +37,23 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG + profiles,
     )
     p.add_argument("name", nargs="?", help="the op to check (see --list)")
-    p.add_argument("--impl", help="an outside implementation: MODULE:FN or FILE.py:FN")
     p.add_argument(
-        "--examples", type=positive_int, default=None, help="Hypothesis cases to draw (default: profile's)"
+        "--impl", metavar="MODULE:FN|FILE.py:FN", help="an outside implementation: MODULE:FN or FILE.py:FN"
     )
-    p.add_argument("--seed", type=int, default=None, help="Hypothesis seed, for a reproducible search")
+    p.add_argument(
+        "--examples",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="Hypothesis cases to draw (default: profile's)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="Hypothesis seed, for a reproducible search"
+    )
     one = p.add_mutually_exclusive_group()
-    one.add_argument("--case", help="run exactly this case (the JSON a repro command carries)")
+    one.add_argument(
+        "--case", metavar="JSON", help="run exactly this case (the JSON a repro command carries)"
+    )
     one.add_argument("--inputs", metavar="FILE.pt", help="run on recorded inputs (written by verify.bisect)")
     add_timeout_argument(p, "a case")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
