@@ -62,6 +62,9 @@ def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
     run, report = bisect(tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert report["first"] is None
+    from model import embedded
+
+    assert report["prompt"] == (list(embedded.default_prompt()) * 2)[:8]  # --prompt-ids takes it back
     # decode steps sit after the 8-token prompt, one position each
     assert report["steps"] == ["prefill", "decode step 1 (position 8)", "decode step 2 (position 9)"]
     assert not (tmp_path / "repros").exists()  # nothing failed: no repro directory made

@@ -89,6 +89,7 @@ class Report:
     backend: str
     injected: list[dict]
     cache_len: int = 0  # the KV cache's rows
+    prompt: list[int] = field(default_factory=list)  # the prefill's token ids (--prompt-ids takes them)
     verdict: str = "VERIFIED"  # or "DIVERGES"
     steps: list[str] = field(default_factory=list)
     layers: list[LayerResult] = field(default_factory=list)
@@ -511,9 +512,9 @@ def main(argv: list[str] | None = None) -> int:
             what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
         needed = args.prompt_len + args.decode_steps
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)  # before any cache exists
-        prompt = torch.tensor([_prompt_ids(args, config.vocab_size)], dtype=torch.int64, device=device)
+        ids = _prompt_ids(args, config.vocab_size)
         directory, config = model_loading.checkpoint_config(args.model)
-        report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq)
+        report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq, ids)
 
         def hung(inj: model_loading.Injection, seconds: float) -> None:  # on the watchdog's thread
             _injected_failure(args.json, report, model_loading.hang_message(inj, seconds))
@@ -546,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  injected: {inj.op} = {inj.impl_spec} in layers {inj.layer_spec}")
     try:
         with torch.no_grad():
+            prompt = torch.tensor([ids], dtype=torch.int64, device=device)
             _walk(args, prompt, models, free, lowp, factor, save_dir, impl_specs, report)
     except model_loading.InjectedOpError as exc:
         return _injected_failure(args.json, report, str(exc), exc.where)
