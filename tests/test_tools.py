@@ -649,7 +649,7 @@ def test_bisect_non_finite_triton_side_is_still_a_divergence(tmp_path: Path) -> 
         "--repro-dir", str(tmp_path / "repros"), "--inject", f"linear={impl}:linear@1",
     )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "DIVERGES: first at prefill, layer 1" in run.stdout
+    assert "DIVERGES: first at prefill, in layer 1" in run.stdout
 
 
 def test_a_checkpoint_the_loaders_refuse_exits_2(tmp_path: Path, capsys) -> None:
