@@ -482,7 +482,9 @@ def test_bisect_plot_without_matplotlib_exits_2_before_the_run(monkeypatch, caps
     from verify import bisect as bisect_cli
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a)
+    )
     assert bisect_cli.main(["--plot", "errors.png"]) == 2
     assert "--plot errors.png: needs matplotlib, which is not installed" in capsys.readouterr().err
 
