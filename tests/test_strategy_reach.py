@@ -19,6 +19,7 @@ from verify import limits
 
 SHAPES = ("M = 1", "M = 2", "M tail", "N tail", "non-contiguous")
 GEMM = ("M = 1", "M = 2", "K tail", "N tail", "K = 1")
+GEMM_PATHS = ("M tail", "gemv (M <= 4)", "tiled (M > 4)", "cancelling terms")  # M = 3: a tail of 4 rows
 GROUPS = tuple(f"GQA group {g}" for g in (1, 2, 4, 7, 8))
 SCORES = ("scores large", "scores very_negative", "scores ties")
 ATTENTION = (
@@ -73,8 +74,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "attention": (*ATTENTION, "decode path", "prefill path"),
     "attention_prefill": ATTENTION,
     "attention_decode": ATTENTION,
-    "linear": (*GEMM, "bias", "no bias", "x transposed", "weight transposed", "cancelling terms", *LAYOUTS),
-    "linear_splitk": (*GEMM, *SPLIT_K, "cancelling terms", *LAYOUTS),
+    "linear": (*GEMM, *GEMM_PATHS, "bias", "no bias", "x transposed", "weight transposed", *LAYOUTS),
+    "linear_splitk": (*GEMM, *GEMM_PATHS, *SPLIT_K, *LAYOUTS),
     "splitk_reduce": ("M = 1", "N tail", "1 splits", "16 splits", "31 splits"),
     "add_rms_norm_linear": (*GEMM, "bias", "fused gemv", "composed (M > 4)", *LAYOUTS),
     "add_rms_norm_linear_silu_mul": (*GEMM, "fused gemv", "composed (M > 4)"),
@@ -138,3 +139,29 @@ def test_gpu_draws_reach_the_model_widths(op: str) -> None:
     if not op.startswith("linear") and not seen["k"] & hidden:
         missing.append(f"k = a hidden size {sorted(hidden)}")
     assert not missing, f"{op}: 1000 draws at the GPU's caps never reached {missing}"
+
+
+@pytest.mark.parametrize(
+    ("op", "field", "wanted"),
+    [
+        *((op, "n", (3072, 4864)) for op in ("rms_norm", "add_rms_norm", "add", "silu_mul")),
+        # one 16-row tail, and both sides of the prefill kernel's 128-row block
+        *((op, "s", (17, 127, 129)) for op in ("attention", "attention_prefill")),
+    ],
+)
+def test_gpu_draws_reach_the_named_sizes(op: str, field: str, wanted: tuple[int, ...]) -> None:
+    """The sizes the issues name that only the GPU's caps reach: the MLP widths for the row ops
+    (the interpreter's named examples hold 4864), S past one prefill block for attention. Each
+    comes up in 1-5% of draws; 1000 draws, as above."""
+    seen: set[int] = set()
+
+    @settings(
+        max_examples=1000, database=None, derandomize=True, deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
+    @given(registry.get(op).params(limits.CUDA))
+    def draw(params: dict) -> None:
+        seen.add(params[field])
+
+    draw()
+    assert not set(wanted) - seen, f"{op}: 1000 draws at the GPU's caps never reached {field} in {wanted}"

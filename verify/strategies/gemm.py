@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from ops.gemm_config import GEMV_MAX_M
 from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, strided_view, values
 from verify.limits import Limits
 from verify.strategies.common import BOOLS, Invalid, common, labels_for, padding, replace
@@ -97,6 +98,7 @@ def _labels(params: dict) -> list[str]:
         out.append("cancelling terms")
     if params["x_layout"] != "contiguous" or params["w_layout"] != "contiguous":
         out.append("non-contiguous")
+    out.append(f"gemv (M <= {GEMV_MAX_M})" if params["m"] <= GEMV_MAX_M else f"tiled (M > {GEMV_MAX_M})")
     return out
 
 
@@ -304,6 +306,7 @@ LINEAR_SPLITK_EXAMPLES = (
         gpu=False,
     ),
     _splitk_example("article down_proj decode, split 8 (K=4864)", 1, 1024, 4864, 8, prealloc=True),
+    _splitk_example("article lm_head decode, split 4 (N=151936, K=1024)", 1, 151936, 1024, 4),
     _splitk_example("qwen2.5 down_proj decode, split 5, K tail (K=4863)", 1, 896, 4863, 5),
     _splitk_example("batch decode M=2 (gemv), split 3, K=1000", 2, 1536, 1000, 3, x_layout="column_slice"),
     _splitk_example("prefill M=256, split 3, K tail (K=3071)", 256, 1024, 3071, 3),
