@@ -6,6 +6,7 @@ model's drill-downs all look ops up by name.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,7 +112,9 @@ def get(name: str) -> OpSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown op {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
+        close = difflib.get_close_matches(str(name).lower(), list(_REGISTRY), n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise KeyError(f"unknown op {name!r}; {hint}registered: {', '.join(sorted(_REGISTRY))}") from None
 
 
 def all() -> list[OpSpec]:

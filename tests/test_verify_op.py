@@ -196,6 +196,8 @@ def test_a_json_report_that_cannot_be_written_exits_2() -> None:
         (("rms_norm", "--timeout", "5m"), "--timeout: expected a number of seconds, got '5m'"),
         (("rms_norm", "--json", ""), "--json: the path is empty, expected a file path"),
         (("--list", "--impl", "x:f", "--examples", "3"), "--list takes no option but --json (got --impl,"),
+        (("rms_norm", "--impl", ""), "--impl: '' is not MODULE:FN or FILE.py:FN"),  # not the registered one
+        (("RMS_norm",), "unknown op 'RMS_norm'; did you mean 'rms_norm'? registered: add,"),
     ],
 )
 def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
@@ -387,6 +389,80 @@ def test_an_implementation_calling_sys_exit_gets_no_pass(tmp_path: Path) -> None
     run = verify_op("rms_norm", "--impl", f"{at_import}:rms_norm")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "failed: SystemExit" in run.stderr
+
+
+IMPLS_THAT_MISBEHAVE = """
+import os, torch
+
+def exits(x, weight, eps):
+    os._exit(0)
+
+class Odd(BaseException):
+    pass
+
+def raises_base(x, weight, eps):
+    raise Odd("not an Exception")
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("str broke")
+
+def raises_unprintable(x, weight, eps):
+    raise Unprintable()
+
+def sparse(x, weight, eps):
+    return torch.zeros_like(x).to_sparse()
+
+def meta(x, weight, eps):
+    return torch.empty_like(x, device="meta")
+
+def holds_the_gil(x, weight, eps):
+    return 7 ** (10**9)  # one C call: the watchdog's timer thread never gets to run
+"""
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        ("exits", "implementation raised ProcessExitCalled: it called os._exit(0)"),
+        ("raises_base", "implementation raised Odd: not an Exception"),
+        (
+            "raises_unprintable",
+            "implementation raised Unprintable: <its message could not be made: RuntimeError>",
+        ),
+        ("sparse", "layout torch.sparse_coo, expected a dense (strided) tensor"),
+        ("meta", "device meta, expected"),
+    ],
+)
+def test_an_implementation_that_misbehaves_is_a_divergence_not_a_crash(
+    tmp_path: Path, fn: str, message: str
+) -> None:
+    """Whatever it does, the verdict is exit 1 with what it did: os._exit(0) was exit 0 (read as
+    verified), a BaseException or a message that cannot be printed a traceback, a sparse output a
+    crash in the memory check, a meta output 'memory an earlier call returned'."""
+    impl = tmp_path / "misbehaving.py"
+    impl.write_text(IMPLS_THAT_MISBEHAVE)
+    run = verify_op("rms_norm", "--impl", f"{impl}:{fn}", "--examples", "2")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert message in run.stdout and "Traceback" not in run.stderr, run.stdout + run.stderr
+
+
+def test_a_hang_holding_the_gil_is_ended_by_the_backstop(tmp_path: Path) -> None:
+    from verify.watchdog import BACKSTOP_S
+
+    impl = tmp_path / "misbehaving.py"
+    impl.write_text(IMPLS_THAT_MISBEHAVE)
+    run = verify_op("rms_norm", "--impl", f"{impl}:holds_the_gil", "--examples", "1", "--timeout", "1")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"Timeout (0:00:{1 + BACKSTOP_S:02.0f})!" in run.stderr and "holds_the_gil" in run.stderr
+
+
+def test_os_exit_at_import_is_a_load_failure(tmp_path: Path) -> None:
+    impl = tmp_path / "exits_at_import.py"
+    impl.write_text("import os\n\nos._exit(5)\n")
+    run = verify_op("rms_norm", "--impl", f"{impl}:rms_norm")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "failed: ProcessExitCalled: it called os._exit(5)" in run.stderr
 
 
 def test_recorded_tensors_without_data_or_a_strided_layout_exit_2(tmp_path: Path, capsys) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+_end_process = os._exit  # kept before any implementation runs (one that runs sees os._exit raise)
+
 
 class UsageError(Exception):
     """Bad command-line input: the CLIs print it and exit 2."""
@@ -275,7 +277,7 @@ def write_report_json(prog: str, path: str | None, data: Any) -> None:
         print(f"{prog}: {exc}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(2)
+        _end_process(2)
 
 
 def _finite(value: Any) -> Any:

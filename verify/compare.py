@@ -28,7 +28,7 @@ from verify.cli import counted
 from verify.impl_loader import failure_site
 from verify.memory import ReturnedMemory, not_new
 from verify.tolerances import Tolerance, dtype_key, lookup
-from verify.watchdog import device_lost, wait_for_device
+from verify.watchdog import device_lost, exception_text, wait_for_device
 
 RATIO_CAP = 1 / 32  # max_error_ratio: k x a yardstick's error past this share of max|oracle| is no bound
 POISON_BYTE = 0xFF  # 0xFFFF.. is NaN in bf16, fp16 and fp32, and -1 as an integer
@@ -289,6 +289,8 @@ def judge(
     addition to the floor (``OpSpec.error_floor``)."""
     if not isinstance(impl, torch.Tensor):
         return OutputReport(name, False, f"expected a tensor, got {type(impl).__name__}")
+    if impl.layout != torch.strided:
+        return OutputReport(name, False, f"layout {impl.layout}, expected a dense (strided) tensor")
     report = OutputReport(
         name, True, shape=tuple(impl.shape), dtype=dtype_key(impl.dtype), strides=impl.stride(), rule=tol.rule
     )
@@ -493,7 +495,8 @@ def repro_command(op: str, case: Case, impl_label: str | None = None) -> str:
 def _raised(result: CheckResult, who: str, exc: BaseException, error: str | None = None) -> CheckResult:
     """``who`` raised ``exc``: the verdict, with ``error`` or else the exception and where it rose."""
     result.passed, result.raised_by, result.raised = False, who, exc
-    result.error = error or (f"{who} raised {type(exc).__name__}: {exc}\n" + failure_site(exc)).rstrip()
+    text = f"{who} raised {type(exc).__name__}: {exception_text(exc)}\n"
+    result.error = error or (text + failure_site(exc)).rstrip()
     return result
 
 
@@ -545,7 +548,9 @@ def check(
             returned = impl(*args, **passed)
         wait_for_device()  # a fault its launches cause is raised here, against this case
         impl_out = named_outputs(returned) + _mutated(names, spec.mutates, args)
-    except (Exception, SystemExit) as exc:  # the verdict must say what it raised; sys.exit(0) is none
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the verdict must say what it raised; sys.exit(0) is none
         if device_lost():  # the reference cannot run, and no other case can
             result.device_lost = True
             fault = str(exc).splitlines()[0] if str(exc) else ""

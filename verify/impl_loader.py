@@ -21,18 +21,22 @@ def load(spec: str, option: str = "--impl") -> Callable:
     target, sep, fn_name = spec.rpartition(":")
     if not sep or not target or not fn_name:
         raise ImplError(f"{option}: {spec!r} is not MODULE:FN or FILE.py:FN")
+    from verify.watchdog import exception_text, process_exit_refused
+
     try:
-        if target.endswith(".py"):
-            path = Path(target).resolve()
-            if not path.is_file():
-                raise ImplError(f"{option}: no file {path}")
-            module = _exec_file(path)
-        else:
-            module = importlib.import_module(target)
-    except ImplError:
+        with process_exit_refused():
+            if target.endswith(".py"):
+                path = Path(target).resolve()
+                if not path.is_file():
+                    raise ImplError(f"{option}: no file {path}")
+                module = _exec_file(path)
+            else:
+                module = importlib.import_module(target)
+    except (ImplError, KeyboardInterrupt):
         raise
-    except (Exception, SystemExit) as exc:  # sys.exit() at import must not end the CLI with its code
-        raise ImplError(f"{option}: importing {target} failed: {type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:  # sys.exit() or os._exit() at import must not end the CLI with its code
+        message = f"importing {target} failed: {type(exc).__name__}: {exception_text(exc)}"
+        raise ImplError(f"{option}: {message}") from exc
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ImplError(f"{option}: {target} has no callable {fn_name!r}")

@@ -60,7 +60,11 @@ def not_new(
 ) -> str:
     """Why the returned tensors are not new memory, or ''. ``returned`` and ``inputs`` are
     (name, value) pairs; ``earlier`` holds the run's recent outputs (the check then keeps these)."""
-    outputs = [(n, t) for n, t in returned if isinstance(t, torch.Tensor) and t.numel()]
+    outputs = [  # a sparse or meta tensor has no memory to share; the verdict names its layout or device
+        (n, t)
+        for n, t in returned
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta" and t.numel()
+    ]
     sources = [
         (f"input {n}", _storage_span(a)) for n, a in inputs if isinstance(a, torch.Tensor) and a.numel()
     ]

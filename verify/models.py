@@ -17,7 +17,7 @@ from model import weights as model_weights
 from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
 from verify.cli import UsageError
-from verify.watchdog import HANG, NO_LIMIT, Watchdog, device_lost, wait_for_device
+from verify.watchdog import HANG, NO_LIMIT, Watchdog, device_lost, exception_text, wait_for_device
 
 # ops the decoder calls only outside its layers (embedding, the RoPE table, the greedy pick):
 # --inject swaps ops in layers, so these cannot be injected
@@ -137,7 +137,9 @@ def _guarded(fn: Callable, inj: Injection, watchdog: Watchdog) -> Callable:
                 result = fn(*args, **kwargs)
                 wait_for_device()
             return result
-        except (Exception, SystemExit) as exc:  # sys.exit(0) inside it is no verdict
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # sys.exit(0) or os._exit(0) inside it is no verdict
             if device_lost():  # raised by the wait: its traceback shows the wait, not the kernel
                 fault = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise InjectedOpError(
@@ -146,9 +148,8 @@ def _guarded(fn: Callable, inj: Injection, watchdog: Watchdog) -> Callable:
                     exc,
                     where="",
                 ) from exc
-            raise InjectedOpError(
-                f"the injected {inj.op} ({inj.impl_spec}) raised {type(exc).__name__}: {exc}", exc
-            ) from exc
+            raised = f"{type(exc).__name__}: {exception_text(exc)}"
+            raise InjectedOpError(f"the injected {inj.op} ({inj.impl_spec}) raised {raised}", exc) from exc
 
     return call
 

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verify.op: {exc}", file=sys.stderr)
         return 2
     impl = None
-    if args.impl:
+    if args.impl is not None:  # "" too: refused by the loader, not taken for no --impl
         try:
             impl = impl_loader.load(args.impl)
             impl_loader.check_signature(impl, spec.reference, spec.name)

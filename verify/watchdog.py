@@ -9,16 +9,62 @@ the GPU, so the call is followed by a wait for its launches, which charges the f
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from ops import backend
+
+_end_process = os._exit  # the real one, kept: while an implementation runs, os._exit raises instead
+BACKSTOP_S = 10.0  # past the timeout, faulthandler ends a hang that holds the GIL (the timer cannot run)
+TEXT_LIMIT = 2000  # characters of an exception's message a report repeats
+
+
+class ProcessExitCalled(Exception):
+    """An implementation under test called ``os._exit``: reported as what it raised, not obeyed
+    (``os._exit(0)`` would end the run with 0, read as verified)."""
+
+
+@contextmanager
+def process_exit_refused() -> Iterator[None]:
+    """``os._exit`` raises :class:`ProcessExitCalled` while an implementation is imported or runs."""
+
+    def refuse(status: int) -> NoReturn:
+        raise ProcessExitCalled(f"it called os._exit({status})")
+
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = _end_process
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception's message for a report: one whose ``__str__`` raises is named so, not a second
+    traceback; a huge one is cut."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        return f"<its message could not be made: {type(inner).__name__}>"
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + f" ... ({len(text)} characters)"
+
+
+def _stream_with_a_file() -> Any:
+    """stderr, or the process's own where it is captured (pytest): faulthandler writes to a file
+    descriptor; None where there is none."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            stream.fileno()
+            return stream
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            continue
+    return None
 
 
 class Watchdog:
@@ -33,14 +79,22 @@ class Watchdog:
     @contextmanager
     def watching(self, subject: Any) -> Iterator[None]:
         if not self.seconds:
-            yield
+            with process_exit_refused():
+                yield
             return
         timer = threading.Timer(self.seconds, self._expire, args=(subject,))
         timer.daemon = True
         timer.start()
+        # a call holding the GIL (a C loop) starves the timer: faulthandler's C thread then dumps
+        # every thread's stack and exits with 1 (the implementation under test failed)
+        stream = _stream_with_a_file()
+        if stream is not None:
+            faulthandler.dump_traceback_later(self.seconds + BACKSTOP_S, exit=True, file=stream)
         try:
-            yield
+            with process_exit_refused():
+                yield
         finally:
+            faulthandler.cancel_dump_traceback_later()
             timer.cancel()
             timer.join()  # gone before the caller goes on: a timer thread alive at exit can abort it
 
@@ -50,7 +104,7 @@ class Watchdog:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(1)
+            _end_process(1)
 
 
 NO_LIMIT = Watchdog(None, lambda subject, seconds: None)
