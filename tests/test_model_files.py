@@ -249,14 +249,21 @@ def test_an_index_without_a_weight_map_is_refused(tmp_path: Path) -> None:
             model_weights.load(tmp_path, cfg, "cpu")
 
 
-def test_an_index_mapping_a_tensor_to_the_wrong_shard_names_both(tmp_path: Path) -> None:
-    cfg = TINY["qwen3"]
+def _norm_in_its_own_shard(directory: Path, cfg: ModelConfig) -> list[str]:
+    """Two shards, ``norm.safetensors`` holding the final norm and ``rest.safetensors`` the rest
+    (whose names are returned); the index is the test's to write."""
     tensors = _tensors(cfg)
     norm_weight = tensors.pop("model.norm.weight")
-    _write(tmp_path, tensors, cfg)
-    (tmp_path / "model.safetensors").rename(tmp_path / "rest.safetensors")
-    save_file({"model.norm.weight": norm_weight}, str(tmp_path / "norm.safetensors"))
-    _index(tmp_path, dict.fromkeys([*tensors, "model.norm.weight"], "rest.safetensors"))  # norm's is wrong
+    _write(directory, tensors, cfg)
+    (directory / "model.safetensors").rename(directory / "rest.safetensors")
+    save_file({"model.norm.weight": norm_weight}, str(directory / "norm.safetensors"))
+    return list(tensors)
+
+
+def test_an_index_mapping_a_tensor_to_the_wrong_shard_names_both(tmp_path: Path) -> None:
+    cfg = TINY["qwen3"]
+    rest = _norm_in_its_own_shard(tmp_path, cfg)
+    _index(tmp_path, dict.fromkeys([*rest, "model.norm.weight"], "rest.safetensors"))  # norm's is wrong
     with pytest.raises(
         WeightsError, match=r"holds no tensor model\.norm\.weight, though the shard index maps"
     ):
@@ -310,12 +317,7 @@ def test_a_config_claiming_other_layers_than_the_checkpoint_holds(tmp_path: Path
 
 def test_a_shard_the_index_forgot_is_named(tmp_path: Path) -> None:
     cfg = TINY["qwen3"]
-    tensors = _tensors(cfg)
-    norm_weight = tensors.pop("model.norm.weight")
-    _write(tmp_path, tensors, cfg)
-    (tmp_path / "model.safetensors").rename(tmp_path / "rest.safetensors")
-    save_file({"model.norm.weight": norm_weight}, str(tmp_path / "norm.safetensors"))
-    _index(tmp_path, dict.fromkeys(tensors, "rest.safetensors"))
+    _index(tmp_path, dict.fromkeys(_norm_in_its_own_shard(tmp_path, cfg), "rest.safetensors"))
     with pytest.raises(WeightsError, match=r"does not name norm\.safetensors, which is in the directory"):
         model_weights.load(tmp_path, cfg, "cpu")
 

@@ -108,6 +108,22 @@ def test_strategy_reaches_the_named_edges(op: str) -> None:
 GEMM_OPS = ("linear", "linear_splitk", "add_rms_norm_linear", "add_rms_norm_linear_silu_mul")
 
 
+def _gpu_draws(op: str) -> list[dict]:
+    """1000 derandomized parameter draws at the GPU's caps (no tensors: this runs on CPU too)."""
+    drawn: list[dict] = []
+
+    @settings(
+        max_examples=1000, database=None, derandomize=True, deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
+    @given(registry.get(op).params(limits.CUDA))
+    def draw(params: dict) -> None:
+        drawn.append(params)
+
+    draw()
+    return drawn
+
+
 @pytest.mark.parametrize("op", GEMM_OPS)
 def test_gpu_draws_reach_the_model_widths(op: str) -> None:
     """On the GPU's caps the GEMM strategies draw the model's own widths, not only the awkward
@@ -121,17 +137,9 @@ def test_gpu_draws_reach_the_model_widths(op: str) -> None:
     modules of this project, so they depend on what else the worker imported): 300 draws missed
     N = 3072 in one full `pytest -n auto` run (2026-12-02); 1000 leave a miss at about 1e-6."""
     seen: dict[str, set[int]] = {"m": set(), "n": set(), "k": set()}
-
-    @settings(
-        max_examples=1000, database=None, derandomize=True, deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )  # fmt: skip
-    @given(registry.get(op).params(limits.CUDA))
-    def draw(params: dict) -> None:
+    for params in _gpu_draws(op):
         for axis, values in seen.items():
             values.add(params[axis])
-
-    draw()
     intermediate = {c.intermediate_size for c in PRESETS.values()}  # gate/up's N, down's K
     hidden = {c.hidden_size for c in PRESETS.values()}  # the fused ops' K (the norm's width)
     wanted = {"m": {1}, "n": intermediate, "k": intermediate if op.startswith("linear") else set()}
@@ -153,15 +161,5 @@ def test_gpu_draws_reach_the_named_sizes(op: str, field: str, wanted: tuple[int,
     """The sizes the issues name that only the GPU's caps reach: the MLP widths for the row ops
     (the interpreter's named examples hold 4864), S past one prefill block for attention. Each
     comes up in 1-5% of draws; 1000 draws, as above."""
-    seen: set[int] = set()
-
-    @settings(
-        max_examples=1000, database=None, derandomize=True, deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )  # fmt: skip
-    @given(registry.get(op).params(limits.CUDA))
-    def draw(params: dict) -> None:
-        seen.add(params[field])
-
-    draw()
+    seen = {params[field] for params in _gpu_draws(op)}
     assert not set(wanted) - seen, f"{op}: 1000 draws at the GPU's caps never reached {field} in {wanted}"
