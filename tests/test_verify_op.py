@@ -457,6 +457,17 @@ def test_a_hang_holding_the_gil_is_ended_by_the_backstop(tmp_path: Path) -> None
     assert f"Timeout (0:00:{1 + BACKSTOP_S:02.0f})!" in run.stderr and "holds_the_gil" in run.stderr
 
 
+def test_the_longest_timeout_arms_the_backstop_too() -> None:
+    """The backstop fires BACKSTOP_S past the timeout: at the longest timeout the timer takes,
+    that sum overflows faulthandler's clock unless it is held to the same bound."""
+    import threading
+
+    from verify.watchdog import Watchdog
+
+    with Watchdog(threading.TIMEOUT_MAX, lambda subject, seconds: None).watching("a call"):
+        pass
+
+
 def test_os_exit_at_import_is_a_load_failure(tmp_path: Path) -> None:
     impl = tmp_path / "exits_at_import.py"
     impl.write_text("import os\n\nos._exit(5)\n")

@@ -89,7 +89,8 @@ class Watchdog:
         # every thread's stack and exits with 1 (the implementation under test failed)
         stream = _stream_with_a_file()
         if stream is not None:
-            faulthandler.dump_traceback_later(self.seconds + BACKSTOP_S, exit=True, file=stream)
+            backstop = min(self.seconds + BACKSTOP_S, threading.TIMEOUT_MAX)  # past it: OverflowError
+            faulthandler.dump_traceback_later(backstop, exit=True, file=stream)
         try:
             with process_exit_refused():
                 yield
