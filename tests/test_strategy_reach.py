@@ -44,6 +44,15 @@ ROPE_KV_STORE = (
 )  # fmt: skip
 
 DTYPES = ("dtype bfloat16", "dtype float16", "dtype float32")
+VALUES = ("values zeros", "values tiny", "values constant_rows", "values outliers", "large magnitude")
+# the value distributions an op draws where not all of VALUES: rope_cos_sin draws positions, the
+# attention ops their score classes (SCORES), argmax its patterns
+VALUE_CLASSES = {
+    "embedding": ("values constant_rows", "values tiny", "large magnitude"),
+    "kv_cache_store": ("large magnitude",),
+    "argmax": ("values tiny", "large magnitude"),
+    **dict.fromkeys(("rope_cos_sin", "attention", "attention_prefill", "attention_decode"), ()),
+}
 LAYOUTS = ("x contiguous", "x column_slice", "weight contiguous", "weight row_slice", "weight column_slice")
 PATTERNS = tuple(f"pattern {p}" for p in ("ties", "nan", "nan_last", "neg_inf"))
 SPLIT_K = ("K not divisible by split_k", "preallocated partials", "split_k 16")
@@ -100,7 +109,8 @@ def test_strategy_reaches_the_named_edges(op: str) -> None:
         seen.update(spec.build(params, device).labels)
 
     draw()
-    wanted = REQUIRED[op] + (DTYPES if op != "rope_cos_sin" else ())  # rope_cos_sin: fp32 tables only
+    dtypes = DTYPES if op != "rope_cos_sin" else ()  # rope_cos_sin: fp32 tables only
+    wanted = REQUIRED[op] + dtypes + VALUE_CLASSES.get(op, VALUES)
     missing = [label for label in wanted if label not in seen]
     assert not missing, f"{op}: 300 draws never reached {missing}"
 
