@@ -306,17 +306,23 @@ def _parse(cfg: dict) -> ModelConfig:
     )
 
 
-def is_there_but_not_a_file(path: Path) -> bool:
-    """A name that exists (or is a link, even a broken one) but cannot be read as a file."""
-    return (path.is_symlink() or path.exists()) and not path.is_file()
+def not_a_file(path: Path) -> str:
+    """Why ``path`` cannot be read as a file though it is there (a directory, a FIFO, a broken or
+    looping link), or '' (a regular file, or nothing there)."""
+    there = path.is_symlink() or path.exists()
+    return (
+        f"{path}: not a regular file (a directory, a FIFO or a broken or looping link)"
+        if there and not path.is_file()
+        else ""
+    )
 
 
 def load(path: str | Path) -> ModelConfig:
     """A config from a checkpoint directory (its ``config.json``) or a ``config.json`` file."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    if is_there_but_not_a_file(file):
-        raise ConfigError(f"{file}: not a regular file (a directory, a FIFO or a broken or looping link)")
+    if not_a_file(file):
+        raise ConfigError(not_a_file(file))
     if not file.is_file():
         raise ConfigError(f"{path}: no config.json found")
     try:

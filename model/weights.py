@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from model.config import ModelConfig, is_there_but_not_a_file
+from model.config import ModelConfig, not_a_file
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -114,11 +114,9 @@ def _weight_map(directory: Path) -> dict[str, Path]:
                 raise WeightsError(f"{index}: names shard {file.name}, which does not exist")
         _check_shards_match(files)
         return files
-    for name in (INDEX_FILE, SINGLE_FILE):
-        if is_there_but_not_a_file(directory / name):
-            raise WeightsError(
-                f"{directory / name}: not a regular file (a directory, a FIFO or a broken or looping link)"
-            )
+    problem = not_a_file(directory / INDEX_FILE) or not_a_file(single)
+    if problem:
+        raise WeightsError(problem)
     if not single.is_file():
         raise WeightsError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}{_other_layout(directory)}")
     with _open(single) as f:

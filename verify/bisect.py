@@ -505,14 +505,15 @@ def main(argv: list[str] | None = None) -> int:
         injections = [model_loading.parse_injection(t) for t in args.inject]
         device = backend.device()
         config = model_loading.requested_config(args.model)  # checked before a checkpoint is built
-        if args.prompt_ids is not None:
-            args.prompt_len = len(_prompt_ids(args, config.vocab_size))
+        given = _prompt_ids(args, config.vocab_size) if args.prompt_ids is not None else None
+        if given is not None:
+            args.prompt_len = len(given)
             what = f"--prompt-ids' {args.prompt_len} tokens + --decode-steps {args.decode_steps}"
         else:
             what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
         needed = args.prompt_len + args.decode_steps
         max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)  # before any cache exists
-        ids = _prompt_ids(args, config.vocab_size)
+        ids = given or _prompt_ids(args, config.vocab_size)  # drawn once the length is known to fit
         directory, config = model_loading.checkpoint_config(args.model)
         report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq, ids)
 

@@ -25,10 +25,10 @@ from ops import backend, scratch
 from references.precision import computing_in, oracle, ulp
 from verify.cases import Case, dtype_of
 from verify.cli import counted
-from verify.impl_loader import failure_site
+from verify.impl_loader import exception_text, failure_site
 from verify.memory import ReturnedMemory, not_new
 from verify.tolerances import Tolerance, dtype_key, lookup
-from verify.watchdog import device_lost, exception_text, wait_for_device
+from verify.watchdog import device_lost, wait_for_device
 
 RATIO_CAP = 1 / 32  # max_error_ratio: k x a yardstick's error past this share of max|oracle| is no bound
 POISON_BYTE = 0xFF  # 0xFFFF.. is NaN in bf16, fp16 and fp32, and -1 as an integer
@@ -553,7 +553,8 @@ def check(
     except BaseException as exc:  # the verdict must say what it raised; sys.exit(0) is none
         if device_lost():  # the reference cannot run, and no other case can
             result.device_lost = True
-            fault = str(exc).splitlines()[0] if str(exc) else ""
+            text = exception_text(exc)
+            fault = text.splitlines()[0] if text else ""
             return _raised(  # raised by the wait after the call: its traceback shows the wait, not the kernel
                 result,
                 "implementation",

@@ -21,7 +21,7 @@ def load(spec: str, option: str = "--impl") -> Callable:
     target, sep, fn_name = spec.rpartition(":")
     if not sep or not target or not fn_name:
         raise ImplError(f"{option}: {spec!r} is not MODULE:FN or FILE.py:FN")
-    from verify.watchdog import exception_text, process_exit_refused
+    from verify.watchdog import process_exit_refused
 
     try:
         with process_exit_refused():
@@ -123,6 +123,19 @@ _NOT_USER_CODE = (
     str(Path(__file__).parent),
     str(Path(__file__).parent.parent / "ops" / "interpreter_"),
 )
+
+
+TEXT_LIMIT = 2000  # characters of an exception's message a report repeats
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception's message for a report: one whose ``__str__`` raises is named so, not a second
+    traceback; a huge one is cut."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        return f"<its message could not be made: {type(inner).__name__}>"
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + f" ... ({len(text)} characters)"
 
 
 def failure_site(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ from model import weights as model_weights
 from model.decoder import FUSED_PARTS, FUSIONS, OPS, Decoder
 from verify import impl_loader
 from verify.cli import UsageError
-from verify.watchdog import HANG, NO_LIMIT, Watchdog, device_lost, exception_text, wait_for_device
+from verify.watchdog import HANG, NO_LIMIT, Watchdog, device_lost, wait_for_device
 
 # ops the decoder calls only outside its layers (embedding, the RoPE table, the greedy pick):
 # --inject swaps ops in layers, so these cannot be injected
@@ -141,14 +141,15 @@ def _guarded(fn: Callable, inj: Injection, watchdog: Watchdog) -> Callable:
             raise
         except BaseException as exc:  # sys.exit(0) or os._exit(0) inside it is no verdict
             if device_lost():  # raised by the wait: its traceback shows the wait, not the kernel
-                fault = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                text = impl_loader.exception_text(exc)
+                fault = text.splitlines()[0] if text else type(exc).__name__
                 raise InjectedOpError(
                     f"the injected {inj.op} ({inj.impl_spec}) faulted the GPU: {fault} (in one of its "
                     "launches, which CUDA_LAUNCH_BLOCKING=1 names); the device is lost: the run stops here",
                     exc,
                     where="",
                 ) from exc
-            raised = f"{type(exc).__name__}: {exception_text(exc)}"
+            raised = f"{type(exc).__name__}: {impl_loader.exception_text(exc)}"
             raise InjectedOpError(f"the injected {inj.op} ({inj.impl_spec}) raised {raised}", exc) from exc
 
     return call

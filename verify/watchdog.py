@@ -20,10 +20,9 @@ from typing import Any, NoReturn
 import torch
 
 from ops import backend
+from verify.cli import end_process
 
-_end_process = os._exit  # the real one, kept: while an implementation runs, os._exit raises instead
 BACKSTOP_S = 10.0  # past the timeout, faulthandler ends a hang that holds the GIL (the timer cannot run)
-TEXT_LIMIT = 2000  # characters of an exception's message a report repeats
 
 
 class ProcessExitCalled(Exception):
@@ -42,17 +41,7 @@ def process_exit_refused() -> Iterator[None]:
     try:
         yield
     finally:
-        os._exit = _end_process
-
-
-def exception_text(exc: BaseException) -> str:
-    """An exception's message for a report: one whose ``__str__`` raises is named so, not a second
-    traceback; a huge one is cut."""
-    try:
-        text = str(exc)
-    except Exception as inner:
-        return f"<its message could not be made: {type(inner).__name__}>"
-    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + f" ... ({len(text)} characters)"
+        os._exit = end_process
 
 
 def _stream_with_a_file() -> Any:
@@ -105,7 +94,7 @@ class Watchdog:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            _end_process(1)
+            end_process(1)
 
 
 NO_LIMIT = Watchdog(None, lambda subject, seconds: None)
