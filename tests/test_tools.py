@@ -75,7 +75,7 @@ def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
     [
         ("add_rms_norm=tests/buggy_ops.py:add_rms_norm_wrong_eps@2", "2", "add_rms_norm"),
         ("apply_rope=tests/buggy_ops.py:apply_rope_no_offset@2", "2", "apply_rope"),
-        ("kv_cache_store=tests/buggy_ops.py:kv_cache_store_next_row@1", "1", "kv_cache_store"),
+        ("kv_cache_store=tests/buggy_library.py@1", "1", "kv_cache_store"),  # its function of the op's name
         ("attention=tests/buggy_ops.py:attention_gqa_tiled@3", "3", "attention"),
         (
             "add_rms_norm_linear_silu_mul=tests/buggy_ops.py:add_rms_norm_linear_silu_mul_swapped_halves@1",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -174,7 +175,7 @@ def test_a_json_report_that_cannot_be_written_exits_2() -> None:
         (("rms_norm", "--impl", "tests/missing.py:fn"), "no file"),
         (("rms_norm", "--impl", "references.norm:nope"), "no callable"),
         (("rms_norm", "--impl", "references.elementwise:add"), "does not match the rms_norm signature"),
-        (("rms_norm", "--impl", "just_a_name"), "is not MODULE:FN or FILE.py:FN"),
+        (("rms_norm", "--impl", "just_a_name"), "importing just_a_name failed: ModuleNotFoundError"),
         (("rms_norm", "--case", "{not json"), "--case: not JSON"),
         (("rms_norm", "--case", "[1, 2]"), "--case: expected a JSON object of rms_norm fields"),
         (("rms_norm", "--case", "{}"), "--case: no field 'lead'; rms_norm cases have the fields"),
@@ -196,7 +197,16 @@ def test_a_json_report_that_cannot_be_written_exits_2() -> None:
         (("rms_norm", "--timeout", "5m"), "--timeout: expected a number of seconds, got '5m'"),
         (("rms_norm", "--json", ""), "--json: the path is empty, expected a file path"),
         (("--list", "--impl", "x:f", "--examples", "3"), "--list takes no option but --json (got --impl,"),
-        (("rms_norm", "--impl", ""), "--impl: '' is not MODULE:FN or FILE.py:FN"),  # not the registered one
+        (("rms_norm", "--impl", ""), "--impl: '' is not MODULE[:FN] or FILE.py[:FN]"),  # not the registered
+        (("--all", "rms_norm"), "--all checks every op; it takes no op name (got 'rms_norm')"),
+        (("add", "add"), "op 'add' is named twice"),
+        (("add", "silu_mul", "--case", "{}"), "--case is one call of one op; got 2 ops"),
+        (("--all", "--inputs", "x.pt"), "--inputs is one call of one op, not of --all"),
+        (("--list", "--all"), "--list takes no option but --json (got --all)"),
+        (("add", "silu_mul", "--impl", "references.elementwise:add"), "names one function; for several ops"),
+        (("add", "rms_norm", "--impl", "references.elementwise"), "elementwise has no callable 'rms_norm'"),
+        (("--all", "--impl", "json"), "json has a function named after none of the ops (embedding, rms"),
+        (("add", "rms_norm", "--impl", "tests/buggy_ops.py"), "tests/buggy_ops.py has no callable 'add'"),
         (("RMS_norm",), "unknown op 'RMS_norm'; did you mean 'rms_norm'? registered: add,"),
     ],
 )
@@ -204,6 +214,85 @@ def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
     run = verify_op(*args)
     assert run.returncode == 2, run.stdout + run.stderr
     assert message in run.stderr
+
+
+def test_a_bare_module_gives_the_op_its_function_of_that_name() -> None:
+    run = verify_op("rms_norm", "--impl", "references.norm", "--examples", "3")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "verify.op rms_norm: references.norm:rms_norm vs reference" in run.stdout
+
+
+def test_several_ops_are_each_reported_then_summed_up(tmp_path: Path) -> None:
+    report = tmp_path / "ops.json"
+    impl = ("--impl", "references.elementwise")
+    run = verify_op("add", "silu_mul", *impl, "--examples", "5", "--json", str(report))
+    assert run.returncode == 0, run.stdout + run.stderr
+    for op in ("add", "silu_mul"):
+        assert f"verify.op {op}: references.elementwise:{op} vs reference" in run.stdout
+    summary = run.stdout[run.stdout.index("summary: 2 ops, references.elementwise") :].splitlines()
+    assert summary[1].split() == ["op", "verdict", "named", "cases", "closest", "to", "failing", "seconds"]
+    assert summary[2].split()[:5] == ["add", "VERIFIED", "3", "5", "exact"]  # an exact-rule op
+    assert summary[3].split()[:4] == ["silu_mul", "VERIFIED", "3", "5"] and "% of tolerance" in summary[3]
+    assert summary[-1] == "VERIFIED: all 2 ops"
+    data = json.loads(report.read_text())
+    assert data["passed"] and data["not_run"] == [] and data["not_in_impl"] == []
+    assert [(r["op"], r["impl"], r["cases"]) for r in data["ops"]] == [
+        ("add", "references.elementwise:add", 5), ("silu_mul", "references.elementwise:silu_mul", 5),
+    ]  # fmt: skip
+
+
+def test_all_checks_the_ops_a_library_has_and_names_the_rest(tmp_path: Path) -> None:
+    """``--all --impl MODULE``: each op the module has a function of that name for, the others
+    listed as not checked (not counted as verified); one wrong op fails the run, with a repro that
+    names its function."""
+    report = tmp_path / "ops.json"
+    run = verify_op("--all", "--impl", "tests/buggy_library.py", "--examples", "5", "--json", str(report))
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    top = lines.index("summary: 3 ops, tests/buggy_library.py, backend interpreter, profile ci")
+    rows = [line.split()[:2] for line in lines[top + 2 : top + 5]]  # in the registry's order
+    assert rows == [["add", "VERIFIED"], ["silu_mul", "DIVERGES"], ["kv_cache_store", "DIVERGES"]]
+    assert lines[top + 5].startswith(
+        "not checked (tests/buggy_library.py has no function of their name): embedding, rms_norm,"
+    )
+    assert lines[-1] == "DIVERGES: 2 of 3 ops (silu_mul, kv_cache_store)"
+    data = json.loads(report.read_text())
+    assert not data["passed"] and "rows" not in data["not_in_impl"] and "linear" in data["not_in_impl"]
+    failure = next(r for r in data["ops"] if r["op"] == "silu_mul")["failure"]
+    repro = shlex.split(failure["repro"])
+    assert repro[-2:] == ["--impl", "tests/buggy_library.py:silu_mul"]
+    rerun = verify_op(*repro[3:])
+    assert rerun.returncode == 1 and "DIVERGES" in rerun.stdout, rerun.stdout + rerun.stderr
+
+
+def test_a_hang_in_a_run_of_several_ops_ends_it_with_the_summary(tmp_path: Path) -> None:
+    library = tmp_path / "library.py"
+    library.write_text(
+        "from references.elementwise import add\n"
+        "from tests.buggy_kernels import rms_norm_waits_for_next_row as rms_norm\n"
+    )
+    report = tmp_path / "ops.json"
+    run = verify_op("rms_norm", "add", "--impl", str(library), "--timeout", "3", "--json", str(report))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES: a case ran past the 3 s limit; the run stops there" in run.stdout
+    summary = run.stdout[run.stdout.index("summary: 2 ops") :].splitlines()
+    assert [line.split()[:2] for line in summary[2:4]] == [["rms_norm", "HANGS"], ["add", "not"]]
+    verdict = "DIVERGES: 1 of 2 ops (rms_norm); 1 of 2 ops not run"
+    assert summary[-2:] == ["the run stopped when rms_norm hung", verdict]
+    data = json.loads(report.read_text())
+    assert data["not_run"] == ["add"] and data["ops"][0]["hung"] and not data["passed"]
+
+
+def test_ops_a_lost_gpu_kept_from_running_fail_the_summary() -> None:
+    from verify.op_summary import Summary
+
+    summary = Summary(["embedding", "add"], [], "lib.py", "cuda", "gpu", stopped_by="the GPU was lost")
+    lost = {"op": "embedding", "passed": False, "hung": False, "device_lost": True}
+    summary.reports.append({**lost, "examples": 2, "cases": 1, "worst_tolerance_used": None, "seconds": 0.5})
+    assert not summary.passed and summary.not_run == ["add"]
+    assert summary.text().splitlines()[-2:] == [
+        "the run stopped when the GPU was lost", "DIVERGES: 1 of 2 ops (embedding); 1 of 2 ops not run",
+    ]  # fmt: skip
 
 
 def test_inputs_that_are_not_a_recording_for_this_op_exit_2(tmp_path: Path) -> None:

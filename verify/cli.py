@@ -166,7 +166,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="OP=IMPL@LAYERS",
         help="swap one op's implementation in layers of the Triton model (repeatable): OP is a registered "
-        "op, IMPL is MODULE:FN or FILE.py:FN, LAYERS a layer number, a comma list (0,3) or 'all'",
+        "op, IMPL is MODULE:FN or FILE.py:FN (a bare MODULE or FILE.py: its function named OP), LAYERS "
+        "a layer number, a comma list (0,3) or 'all'",
     )
     add_timeout_argument(parser, "a call of an injected op")
 

@@ -1,4 +1,5 @@
-"""Load an outside implementation given as ``module:fn`` or ``path/to/file.py:fn``."""
+"""Load an outside implementation given as ``module:fn`` or ``path/to/file.py:fn`` (or a module whose
+functions are named after the ops they implement)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,30 @@ import sysconfig
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 
 class ImplError(Exception):
     """The implementation could not be loaded or does not fit the op's signature."""
 
 
-def load(spec: str, option: str = "--impl") -> Callable:
-    """The function ``spec`` names; errors name ``option``, the argument that gave it."""
+def load(spec: str, option: str = "--impl", default_fn: str | None = None) -> Callable:
+    """The function ``spec`` names; errors name ``option``, the argument that gave it. Given
+    ``default_fn`` (an op's name), a bare ``MODULE`` or ``FILE.py`` names its function of that name."""
     target, sep, fn_name = spec.rpartition(":")
-    if not sep or not target or not fn_name:
-        raise ImplError(f"{option}: {spec!r} is not MODULE:FN or FILE.py:FN")
+    if not sep and default_fn and spec:
+        target, fn_name = spec, default_fn
+    if not target or not fn_name:
+        form = "MODULE[:FN] or FILE.py[:FN]" if default_fn else "MODULE:FN or FILE.py:FN"
+        raise ImplError(f"{option}: {spec!r} is not {form}")
+    fn = getattr(load_module(target, option), fn_name, None)
+    if not callable(fn):
+        raise ImplError(f"{option}: {target} has no callable {fn_name!r}")
+    return fn
+
+
+def load_module(target: str, option: str = "--impl") -> ModuleType:
+    """The module ``target`` names, ``MODULE`` or ``FILE.py``, imported with ``os._exit`` refused."""
     from verify.watchdog import process_exit_refused
 
     try:
@@ -29,18 +43,13 @@ def load(spec: str, option: str = "--impl") -> Callable:
                 path = Path(target).resolve()
                 if not path.is_file():
                     raise ImplError(f"{option}: no file {path}")
-                module = _exec_file(path)
-            else:
-                module = importlib.import_module(target)
+                return _exec_file(path)
+            return importlib.import_module(target)
     except (ImplError, KeyboardInterrupt):
         raise
     except BaseException as exc:  # sys.exit() or os._exit() at import must not end the CLI with its code
         message = f"importing {target} failed: {type(exc).__name__}: {exception_text(exc)}"
         raise ImplError(f"{option}: {message}") from exc
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise ImplError(f"{option}: {target} has no callable {fn_name!r}")
-    return fn
 
 
 # modules an implementation file imported from its own directory: name -> that directory

@@ -1,4 +1,4 @@
-"""``python -m verify.op NAME``: property-check one op (or an outside implementation of it).
+"""``python -m verify.op NAME [NAME ...] | --all``: property-check ops (or outside implementations of them).
 
 Exit 0: verified. 1: a divergence (the shrunk case and a repro command are printed).
 2: bad usage (unknown op, an implementation that fails to load or has the wrong signature, a
@@ -8,12 +8,17 @@ Exit 0: verified. 1: a divergence (the shrunk case and a repro command are print
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from registry import OpSpec
+    from verify.op_summary import Summary
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -36,9 +41,17 @@ def _parser() -> argparse.ArgumentParser:
         description=" ".join(__doc__.split("\n\n")[0].split()),
         epilog=EPILOG + profiles,
     )
-    p.add_argument("name", nargs="?", help="the op to check (see --list)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="the ops to check (see --list)")
     p.add_argument(
-        "--impl", metavar="MODULE:FN|FILE.py:FN", help="an outside implementation: MODULE:FN or FILE.py:FN"
+        "--all",
+        action="store_true",
+        help="check every registered op (with --impl MODULE: each op it has a function of that name for)",
+    )
+    p.add_argument(
+        "--impl",
+        metavar="MODULE[:FN]|FILE.py[:FN]",
+        help="an outside implementation: MODULE:FN or FILE.py:FN; a bare MODULE or FILE.py gives each "
+        "op its function of the op's name",
     )
     p.add_argument(
         "--examples",
@@ -93,6 +106,7 @@ def _check_list_options(args: argparse.Namespace) -> None:
     given = [
         option
         for option, value in (
+            ("--all", args.all or None),
             ("--impl", args.impl),
             ("--examples", args.examples),
             ("--seed", args.seed),
@@ -112,19 +126,88 @@ def _coverage_lines(coverage) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class Chosen:
+    """An op to check and what implements it: the registered kernel (``impl`` None) or an outside
+    function, named as ``--impl`` would name it alone (``MODULE:FN``), for repro commands."""
+
+    spec: OpSpec
+    impl: Callable | None = None
+    impl_label: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.impl_label or f"registered {self.spec.name} kernel"
+
+
+def _chosen_ops(args: argparse.Namespace) -> list[OpSpec]:
+    import registry
+    from verify.cli import UsageError
+
+    one_case = "--case" if args.case is not None else "--inputs" if args.inputs is not None else None
+    if args.all:
+        if args.names:
+            raise UsageError(f"--all checks every op; it takes no op name (got {args.names[0]!r})")
+        if one_case:
+            raise UsageError(f"{one_case} is one call of one op, not of --all")
+        return registry.all()
+    if not args.names:
+        raise UsageError("an op name is required (see --list), or --all")
+    twice = next((n for i, n in enumerate(args.names) if n in args.names[:i]), None)
+    if twice:
+        raise UsageError(f"op {twice!r} is named twice")
+    specs = [registry.get(name) for name in args.names]
+    if one_case and len(specs) > 1:
+        raise UsageError(f"{one_case} is one call of one op; got {len(specs)} ops")
+    return specs
+
+
+def _chosen_impls(args: argparse.Namespace, specs: list[OpSpec]) -> tuple[list[Chosen], list[str]]:
+    """Each op with its implementation, and the ops ``--all --impl MODULE`` leaves unchecked (the
+    module has no function of their name). Every signature is checked before anything runs."""
+    from verify import impl_loader
+    from verify.impl_loader import ImplError
+
+    if args.impl is None:
+        return [Chosen(spec) for spec in specs], []
+    if len(specs) == 1 and not args.all:
+        spec = specs[0]
+        fn = impl_loader.load(args.impl, default_fn=spec.name)
+        impl_loader.check_signature(fn, spec.reference, spec.name)
+        label = args.impl if ":" in args.impl else f"{args.impl}:{spec.name}"
+        return [Chosen(spec, fn, label)], []
+    if ":" in args.impl:
+        raise ImplError(
+            f"--impl: {args.impl!r} names one function; for several ops give MODULE or FILE.py, "
+            "whose function of each op's name is checked"
+        )
+    module = impl_loader.load_module(args.impl)
+    chosen, missing = [], []
+    for spec in specs:
+        fn = getattr(module, spec.name, None)
+        if not callable(fn):
+            if not args.all:
+                raise ImplError(f"--impl: {args.impl} has no callable {spec.name!r}")
+            missing.append(spec.name)
+            continue
+        impl_loader.check_signature(fn, spec.reference, spec.name)
+        chosen.append(Chosen(spec, fn, f"{args.impl}:{spec.name}"))
+    if not chosen:
+        raise ImplError(
+            f"--impl: {args.impl} has a function named after none of the ops ({', '.join(missing)})"
+        )
+    return chosen, missing
+
+
 def main(argv: list[str] | None = None) -> int:
     from verify.cli import parse_args
 
     args = parse_args("verify.op", _parser, argv)
     if args is None:
         return 2
-    from hypothesis import settings
-
-    import registry
     from ops import backend
-    from verify import cli, impl_loader, profiles, property
-    from verify.compare import check
-    from verify.watchdog import Watchdog
+    from verify import cli, impl_loader, profiles
+    from verify.op_summary import Summary
 
     try:
         profile = profiles.load(backend.name())
@@ -133,73 +216,105 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.list:
         try:
-            if args.name:
-                raise cli.UsageError(f"--list lists every op; it takes no op name (got {args.name!r})")
+            if args.names:
+                raise cli.UsageError(f"--list lists every op; it takes no op name (got {args.names[0]!r})")
             _check_list_options(args)
             cli.check_output_file("--json", args.json)
         except cli.UsageError as exc:
             print(f"verify.op: {exc}", file=sys.stderr)
             return 2
         return _list_ops(args.json)
-    if not args.name:
-        print("verify.op: an op name is required (see --list)", file=sys.stderr)
-        return 2
     try:
-        spec = registry.get(args.name)
+        specs = _chosen_ops(args)
         cli.check_output_file("--json", args.json)
+        chosen, missing = _chosen_impls(args, specs)
     except KeyError as exc:
         print(f"verify.op: {exc.args[0]}", file=sys.stderr)
         return 2
+    except (cli.UsageError, impl_loader.ImplError) as exc:
+        print(f"verify.op: {exc}", file=sys.stderr)
+        return 2
+    if args.case is not None or args.inputs is not None:
+        return _one_case(args, chosen[0], profile)
+
+    several = args.all or len(chosen) > 1
+    summary = Summary([c.spec.name for c in chosen], missing, args.impl, backend.name(), profile)
+    for c in chosen:
+        if several and summary.reports:
+            print()
+        report = _property_run(args, c, profile, summary if several else None)
+        summary.reports.append(report)
+        if report["device_lost"]:
+            summary.stopped_by = "the GPU was lost"
+            break
+    if not several:
+        cli.write_json(args.json, summary.reports[0])
+        return 0 if summary.passed else 1
+    print()
+    print(summary.text())
+    cli.write_json(args.json, summary.as_json())
+    return 0 if summary.passed else 1
+
+
+def _one_case(args: argparse.Namespace, chosen: Chosen, profile: str) -> int:
+    """``--case`` or ``--inputs``: run one given call of the op; exit 2 where it is no valid call."""
+    from ops import backend
+    from verify import cli, given_case
+    from verify.compare import check
+    from verify.watchdog import Watchdog
+
+    spec = chosen.spec
+    source = f"--inputs {args.inputs}" if args.inputs is not None else "--case"
+    try:
+        if args.examples is not None or args.seed is not None:
+            raise cli.UsageError(f"{source} runs one case: --examples and --seed do not apply")
+        if args.inputs is not None:
+            case = given_case.from_recording(spec, args.inputs)
+        else:
+            case = given_case.from_json(spec, args.case)
+        broken = spec.precondition(*case.args, **case.kwargs) if spec.precondition else None
+        if broken:
+            raise cli.UsageError(f"{source}: not a valid {spec.name} call: {broken}")
     except cli.UsageError as exc:
         print(f"verify.op: {exc}", file=sys.stderr)
         return 2
-    impl = None
-    if args.impl is not None:  # "" too: refused by the loader, not taken for no --impl
-        try:
-            impl = impl_loader.load(args.impl)
-            impl_loader.check_signature(impl, spec.reference, spec.name)
-        except impl_loader.ImplError as exc:
-            print(f"verify.op: {exc}", file=sys.stderr)
-            return 2
-    case = None
-    if args.case or args.inputs:
-        source = f"--inputs {args.inputs}" if args.inputs else "--case"
-        try:
-            if args.examples is not None or args.seed is not None:
-                raise cli.UsageError(f"{source} runs one case: --examples and --seed do not apply")
-            case = _recorded_case(spec, args.inputs) if args.inputs else _given_case(spec, args.case)
-            broken = spec.precondition(*case.args, **case.kwargs) if spec.precondition else None
-            if broken:
-                raise cli.UsageError(f"{source}: not a valid {spec.name} call: {broken}")
-        except cli.UsageError as exc:
-            print(f"verify.op: {exc}", file=sys.stderr)
-            return 2
-    label = args.impl or f"registered {spec.name} kernel"
-    print(f"verify.op {spec.name}: {label} vs reference, backend {backend.name()}, profile {profile}")
-    watchdog = Watchdog(args.timeout, _hang_report(spec, label, args.impl, args.json))
+    print(f"verify.op {spec.name}: {chosen.label} vs reference, backend {backend.name()}, profile {profile}")
+    watchdog = Watchdog(args.timeout, _hang_report(chosen, args.json, None))
+    with watchdog.watching(case):
+        result = check(spec, case, chosen.impl, chosen.impl_label)
+    refusal = _refusal(spec, result, checking_registered=chosen.impl is None)
+    if refusal:
+        print(f"verify.op: {source}: not a valid {spec.name} call: {refusal}", file=sys.stderr)
+        return 2
+    if result.device_lost:
+        print(f"  {DEVICE_LOST}:")
+    print(result.describe())
+    cli.write_json(
+        args.json,
+        {"op": spec.name, "impl": chosen.label, "backend": backend.name(), **result.as_json(), "hung": False},
+    )
+    return 0 if result.passed else 1
 
-    if case is not None:
-        with watchdog.watching(case):
-            result = check(spec, case, impl, args.impl)
-        refusal = _refusal(spec, result, checking_registered=impl is None)
-        if refusal:
-            print(f"verify.op: {source}: not a valid {spec.name} call: {refusal}", file=sys.stderr)
-            return 2
-        if result.device_lost:
-            print(f"  {DEVICE_LOST}:")
-        print(result.describe())
-        cli.write_json(
-            args.json,
-            {"op": spec.name, "impl": label, "backend": backend.name(), **result.as_json(), "hung": False},
-        )
-        return 0 if result.passed else 1
 
+def _property_run(args: argparse.Namespace, chosen: Chosen, profile: str, summary: Summary | None) -> dict:
+    """One op's named examples and drawn cases, reported as ``verify.op NAME`` reports them; its
+    JSON report returned. ``summary``: the run of several ops this is one of (a hang reports it)."""
+    from hypothesis import settings
+
+    from ops import backend
+    from verify import property
+    from verify.cli import counted
+    from verify.watchdog import Watchdog
+
+    spec = chosen.spec
+    print(f"verify.op {spec.name}: {chosen.label} vs reference, backend {backend.name()}, profile {profile}")
+    watchdog = Watchdog(args.timeout, _hang_report(chosen, args.json, summary))
     started = time.monotonic()
     examples = args.examples if args.examples is not None else settings.default.max_examples
     outcome = property.run(
         spec,
-        impl,
-        args.impl,
+        chosen.impl,
+        chosen.impl_label,
         examples,
         args.seed,
         progress=lambda msg: print(f"  ... {msg}", file=sys.stderr, flush=True),
@@ -208,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     verdict = "VERIFIED" if outcome.passed else "DIVERGES"
     print(
-        f"{verdict}: {cli.counted(outcome.examples, 'named example')} and "
-        f"{cli.counted(outcome.cases, 'generated case')} in {elapsed:.1f}s"
+        f"{verdict}: {counted(outcome.examples, 'named example')} and "
+        f"{counted(outcome.cases, 'generated case')} in {elapsed:.1f}s"
     )
     print("  edge classes covered (cases):")
     print("\n".join(_coverage_lines(outcome.coverage)) or "    (none)")
@@ -236,32 +351,30 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("  smallest failing case after shrinking:")
         print("  " + outcome.failure.describe().replace("\n", "\n  "))
-    cli.write_json(
-        args.json,
-        {
-            "op": spec.name,
-            "impl": label,
-            "backend": backend.name(),
-            "passed": outcome.passed,
-            "examples": outcome.examples,
-            "cases": outcome.cases,
-            "coverage": dict(outcome.coverage),
-            "worst_max_abs": outcome.worst.max_abs if outcome.worst else None,
-            "worst_tolerance_used": outcome.worst.used if outcome.worst else None,
-            "worst": outcome.worst.as_json() if outcome.worst else None,  # the closest to failing
-            "failure": outcome.failure.as_json() if outcome.failure else None,
-            "failing_example": outcome.failing_example,  # the failure's named example, not shrunk
-            "nondeterministic": outcome.nondeterministic,
-            "device_lost": outcome.device_lost,
-            "hung": False,
-        },
-    )
-    return 0 if outcome.passed else 1
+    return {
+        "op": spec.name,
+        "impl": chosen.label,
+        "backend": backend.name(),
+        "passed": outcome.passed,
+        "examples": outcome.examples,
+        "cases": outcome.cases,
+        "coverage": dict(outcome.coverage),
+        "worst_max_abs": outcome.worst.max_abs if outcome.worst else None,
+        "worst_tolerance_used": outcome.worst.used if outcome.worst else None,
+        "worst": outcome.worst.as_json() if outcome.worst else None,  # the closest to failing
+        "failure": outcome.failure.as_json() if outcome.failure else None,
+        "failing_example": outcome.failing_example,  # the failure's named example, not shrunk
+        "nondeterministic": outcome.nondeterministic,
+        "device_lost": outcome.device_lost,
+        "hung": False,
+        "seconds": round(elapsed, 3),
+    }
 
 
-def _hang_report(spec, label: str, impl_label: str | None, json_path: str | None):
+def _hang_report(chosen: Chosen, json_path: str | None, summary: Summary | None):
     """What the watchdog prints (and writes to ``--json``) when a case runs past its limit: the
-    case as a failure with its repro; no shrinking, since a smaller case could hang as long."""
+    case as a failure with its repro; no shrinking, since a smaller case could hang as long. In a
+    run of several ops (``summary``) the summary follows, the ops not reached marked so."""
     from ops import backend
     from verify import cli
     from verify.compare import CheckResult, repro_command
@@ -270,27 +383,30 @@ def _hang_report(spec, label: str, impl_label: str | None, json_path: str | None
     def report(case, seconds: float) -> None:
         limit = f"{seconds:g} s"
         result = CheckResult(
-            spec.name,
+            chosen.spec.name,
             case,
             False,
             error=f"did not finish within {limit} (--timeout): {HANG}",
-            repro=f"{repro_command(spec.name, case, impl_label)} --timeout {seconds:g}",
+            repro=f"{repro_command(chosen.spec.name, case, chosen.impl_label)} --timeout {seconds:g}",
         )
         print(f"DIVERGES: a case ran past the {limit} limit; the run stops there")
         print("  " + result.describe().replace("\n", "\n  "), flush=True)
-        cli.write_report_json(
-            "verify.op",
-            json_path,
-            {
-                "op": spec.name,
-                "impl": label,
-                "backend": backend.name(),
-                "passed": False,
-                "hung": True,
-                "timeout_s": seconds,
-                "failure": result.as_json(),
-            },
-        )
+        hung = {
+            "op": chosen.spec.name,
+            "impl": chosen.label,
+            "backend": backend.name(),
+            "passed": False,
+            "hung": True,
+            "timeout_s": seconds,
+            "failure": result.as_json(),
+        }
+        if summary is None:
+            cli.write_report_json("verify.op", json_path, hung)
+            return
+        summary.reports.append(hung)
+        summary.stopped_by = f"{chosen.spec.name} hung"
+        print("\n" + summary.text(), flush=True)
+        cli.write_report_json("verify.op", json_path, summary.as_json())
 
     return report
 
@@ -310,125 +426,6 @@ def _refusal(spec, result, checking_registered: bool) -> str | None:
         if re.match(rf"({'|'.join(map(re.escape, names))})\b", str(exc)):
             return f"the registered kernel refuses it: {exc}"
     return None
-
-
-def _known_fields(spec) -> dict[str, list]:
-    """The fields a case of ``spec`` may have, each with the values seen for it: the smallest
-    case its strategy draws and its examples."""
-    from hypothesis import find, settings
-
-    from registry import example_params
-    from verify import limits
-
-    drawn = find(spec.params(limits.current()), lambda _: True, settings=settings(database=None))
-    fields: dict[str, list] = {k: [v] for k, v in drawn.items()}
-    for example in spec.examples:
-        for k, v in example_params(example).items():
-            fields.setdefault(k, []).append(v)
-    return fields
-
-
-def _same_kind(value: object, like: object) -> bool:
-    """JSON types alike: a number for a number (an int where a float is drawn is fine), a string
-    for a string, a list for a list; None matches anything (an optional field)."""
-    if value is None or like is None:
-        return True
-    if isinstance(like, bool) or isinstance(value, bool):
-        return isinstance(value, bool) == isinstance(like, bool)
-    if isinstance(like, int | float):
-        return isinstance(value, int | float) and (isinstance(like, float) or isinstance(value, int))
-    return isinstance(value, type(like))
-
-
-def _out_of_domain(value: object, known: list) -> str | None:
-    """What a field's value must be that its kind alone does not say: every count, size, offset
-    and seed a strategy draws is a whole number >= 0 (a negative one would build another case
-    than the one printed), and a list (of dims) holds such numbers, at least one."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float) and all(isinstance(k, int) and not isinstance(k, bool) for k in known):
-        return None if value >= 0 else "a whole number >= 0"
-    if isinstance(value, list) and all(isinstance(k, list) and k for k in known):
-        ok = value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-        return None if ok else "a non-empty list of whole numbers >= 0"
-    return None
-
-
-def _given_case(spec, text: str):
-    """The case a ``--case`` JSON object describes (a repro command's), built on the backend's device."""
-    from ops import backend
-    from verify.cli import UsageError
-
-    try:
-        params = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"--case: not JSON ({exc})") from None
-    known = _known_fields(spec)
-    fields = ", ".join(sorted(known))
-    listing = f"{spec.name} cases have the fields {fields}"
-    if not isinstance(params, dict):
-        raise UsageError(f"--case: expected a JSON object of {spec.name} fields ({fields}), got {params!r}")
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise UsageError(f"--case: unknown field {unknown[0]!r}; {listing}")
-    for name, value in params.items():
-        if not any(_same_kind(value, like) for like in known[name]):
-            like = known[name][0]
-            raise UsageError(
-                f"--case: field {name!r} is {value!r}; expected {type(like).__name__}, e.g. {like!r}"
-            )
-        problem = _out_of_domain(value, known[name])
-        if problem:
-            raise UsageError(f"--case: field {name!r} is {value!r}; expected {problem}")
-    try:
-        return spec.build(params, backend.device())
-    except KeyError as exc:
-        raise UsageError(f"--case: no field {exc.args[0]!r}; {listing}") from None
-    except Exception as exc:  # whatever a builder makes of values of the wrong kind
-        raise UsageError(f"--case is not a valid {spec.name} case: {type(exc).__name__}: {exc}") from None
-
-
-def _recorded_case(spec, path: str):
-    """A case from the inputs ``verify.bisect`` saved for one op call, moved to the backend's device."""
-    import torch
-
-    from ops import backend
-    from verify.cases import recorded
-    from verify.cli import UsageError
-    from verify.compare import clone_preserving_layout
-
-    try:
-        saved = torch.load(path, weights_only=True)
-    except OSError as exc:
-        raise UsageError(f"--inputs {path}: {exc.strerror or exc}") from None
-    except Exception as exc:  # whatever the unpickler makes of a file that is not ours
-        raise UsageError(
-            f"--inputs {path}: not inputs saved by verify.bisect ({type(exc).__name__})"
-        ) from None
-    if not isinstance(saved, dict) or set(saved) != {"op", "args"} or not isinstance(saved["args"], tuple):
-        raise UsageError(f"--inputs {path}: not inputs saved by verify.bisect (expected op and args)")
-    if saved["op"] != spec.name:
-        raise UsageError(f"--inputs {path}: recorded for {saved['op']}, not {spec.name}")
-    try:
-        inspect.signature(spec.reference).bind(*saved["args"])
-    except TypeError as exc:
-        raise UsageError(f"--inputs {path}: the arguments do not fit {spec.name}: {exc}") from None
-    for i, arg in enumerate(saved["args"]):
-        if isinstance(arg, torch.Tensor) and (arg.layout != torch.strided or arg.is_meta):
-            kind = "a meta tensor (no data)" if arg.is_meta else f"a {arg.layout} tensor"
-            raise UsageError(
-                f"--inputs {path}: argument #{i} is {kind}; expected a dense strided tensor with data"
-            )
-    device = backend.device()
-    try:
-        moved = tuple(
-            clone_preserving_layout(a, device) if isinstance(a, torch.Tensor) else a for a in saved["args"]
-        )
-    except Exception as exc:  # a tensor of some other kind torch cannot copy with its layout
-        raise UsageError(
-            f"--inputs {path}: not inputs saved by verify.bisect ({type(exc).__name__}: {exc})"
-        ) from None
-    return recorded(path, moved)
 
 
 if __name__ == "__main__":
