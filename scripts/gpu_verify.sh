@@ -6,7 +6,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
-STAGES="tests e2e bisect bench gemm gemm-decode sweep-decode thorough attention ab"
+STAGES="tests e2e bisect bench ops gemm gemm-decode sweep-decode thorough attention ab"
 USAGE="usage: scripts/gpu_verify.sh [stage ...]; stages: $STAGES"
 stages=${*:-tests e2e bisect bench}
 case " $* " in *" -h "* | *" --help "*) echo "$USAGE"; exit 0 ;; esac
@@ -48,6 +48,8 @@ for stage in $stages; do
                 --against reference --json "$OUT/e2e-long-cache.json" ;;
         bisect) run bisect 70 python -m verify.bisect --layer --model article --json "$OUT/bisect.json" \
             --plot "$OUT/bisect.png" ;;
+        # every registered op through verify.op, gpu profile, ending with its one-table summary
+        ops) run ops 300 python -m verify.op --all --json "$OUT/ops.json" ;;
         bench) run bench 300 python -m verify.bench model --preset article --skip eager,reference --profile \
             --json "$OUT/model.json" ;;
         gemm) run gemm 200 python -m verify.bench gemm --preset all --json "$OUT/gemm.json" ;;
