@@ -376,6 +376,32 @@ def test_a_case_that_is_no_valid_call_exits_2() -> None:
         assert "Traceback" not in run.stderr
 
 
+def test_a_call_the_registered_kernel_refuses_is_bad_input_for_an_outside_impl(tmp_path: Path) -> None:
+    """An outside implementation is checked only on calls within the contract: one the registered
+    kernel refuses by name (a negative eps, a float64 weight) exits 2 even where the outside
+    implementation takes it (here the reference itself, which agrees with itself on anything)."""
+    import torch
+
+    import registry
+
+    negative_eps = {**registry.get("rms_norm").typical, "eps": -1}
+    run = verify_op("rms_norm", "--case", json.dumps(negative_eps), "--impl", "references.norm:rms_norm")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "not a valid rms_norm call: the registered kernel refuses it: eps:" in run.stderr
+
+    float64 = tmp_path / "float64.pt"
+    weight64 = torch.ones(8, dtype=torch.float64)
+    torch.save({"op": "rms_norm", "args": (torch.ones(2, 8), weight64, 1e-6)}, float64)
+    run = verify_op("rms_norm", "--inputs", str(float64), "--impl", "references.norm:rms_norm")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "the registered kernel refuses it: weight:" in run.stderr
+
+    valid = tmp_path / "valid.pt"
+    torch.save({"op": "rms_norm", "args": (torch.ones(2, 8), torch.ones(8), 1e-6)}, valid)
+    run = verify_op("rms_norm", "--inputs", str(valid), "--impl", "references.norm:rms_norm")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 @pytest.mark.parametrize(
     ("op", "field", "bogus"),
     [
@@ -418,15 +444,29 @@ def test_every_choice_field_of_every_op_is_strict() -> None:
 
 
 def test_recorded_inputs_the_reference_cannot_take_exit_2(tmp_path: Path) -> None:
-    """A table with no rows makes the reference raise: the recording is bad input, not a divergence
-    of the implementation (and no traceback)."""
+    """A table with no rows: the registered kernel refuses it by name before an outside
+    implementation runs, and where a check gets that far, the reference raising makes the case
+    bad input too, not a divergence of the implementation (and no traceback)."""
     import torch
 
+    import registry
+    from verify import op
+    from verify.cases import recorded
+    from verify.compare import check
+
+    args = (torch.tensor([[0]], dtype=torch.int32), torch.zeros(0, 8))
     path = tmp_path / "empty_table.pt"
-    torch.save({"op": "embedding", "args": (torch.tensor([[0]], dtype=torch.int32), torch.zeros(0, 8))}, path)
+    torch.save({"op": "embedding", "args": args}, path)
     run = verify_op("embedding", "--inputs", str(path), "--impl", "references.embedding:embedding")
     assert run.returncode == 2, run.stdout + run.stderr
-    assert "not a valid embedding call: the reference raised IndexError" in run.stderr
+    assert "not a valid embedding call: the registered kernel refuses it: table:" in run.stderr
+    assert "Traceback" not in run.stderr
+
+    spec = registry.get("embedding")
+    result = check(spec, recorded(str(path), args), lambda ids, table: torch.zeros(1, 1, 8))
+    assert result.raised_by == "reference"
+    refusal = op._refusal(spec, result, checking_registered=False)
+    assert refusal is not None and refusal.startswith("the reference raised IndexError")
 
 
 def test_a_recorded_call_breaking_a_rule_no_kernel_can_check_exits_2(tmp_path: Path) -> None:

@@ -281,8 +281,9 @@ def _one_case(args: argparse.Namespace, chosen: Chosen, profile: str) -> int:
     print(f"verify.op {spec.name}: {chosen.label} vs reference, backend {backend.name()}, profile {profile}")
     watchdog = Watchdog(args.timeout, _hang_report(chosen, args.json, None))
     with watchdog.watching(case):
-        result = check(spec, case, chosen.impl, chosen.impl_label)
-    refusal = _refusal(spec, result, checking_registered=chosen.impl is None)
+        refusal = _registered_refusal(spec, case) if chosen.impl is not None else None
+        result = None if refusal else check(spec, case, chosen.impl, chosen.impl_label)
+    refusal = refusal or _refusal(spec, result, checking_registered=chosen.impl is None)
     if refusal:
         print(f"verify.op: {source}: not a valid {spec.name} call: {refusal}", file=sys.stderr)
         return 2
@@ -415,17 +416,40 @@ def _refusal(spec, result, checking_registered: bool) -> str | None:
     """Why a given or recorded case is bad input (exit 2) rather than a divergence: the reference
     raised on it, or the registered kernel refused one of its arguments by name, as its checks do
     (an outside implementation that raises is judged, not believed)."""
-    from verify.compare import arg_names
-
     exc = result.raised
     if result.raised_by == "reference":
         return f"the reference raised {type(exc).__name__}: {exc}"
-    argument_error = isinstance(exc, (ValueError, TypeError))
-    if checking_registered and result.raised_by == "implementation" and argument_error:
-        names = [*arg_names(spec.reference), *result.case.kwargs]
-        if re.match(rf"({'|'.join(map(re.escape, names))})\b", str(exc)):
+    refused = result.raised_by == "implementation" and _names_an_argument(spec, result.case, exc)
+    if checking_registered and refused:
+        return f"the registered kernel refuses it: {exc}"
+    return None
+
+
+def _registered_refusal(spec, case) -> str | None:
+    """Whether the registered kernel refuses a given or recorded case by name, asked before an
+    outside implementation is judged on it: a call out of contract is bad input whoever is
+    checked, and an implementation that rightly refuses it must not read as diverging. Anything
+    else the kernel does (it runs, or fails otherwise) leaves the verdict to the check."""
+    from verify.compare import clone_args
+
+    args, kwargs = clone_args(case)
+    try:
+        spec.impl(*args, **kwargs)
+    except Exception as exc:  # only a refusal by name counts; the check judges the rest
+        if _names_an_argument(spec, case, exc):
             return f"the registered kernel refuses it: {exc}"
     return None
+
+
+def _names_an_argument(spec, case, exc: BaseException) -> bool:
+    """Whether ``exc`` is an argument check's error: a ValueError or TypeError whose message
+    starts with the name of one of the op's arguments, as ``ops.validate`` writes them."""
+    from verify.compare import arg_names
+
+    if not isinstance(exc, (ValueError, TypeError)):
+        return False
+    names = [*arg_names(spec.reference), *case.kwargs]
+    return re.match(rf"({'|'.join(map(re.escape, names))})\b", str(exc)) is not None
 
 
 if __name__ == "__main__":
