@@ -579,11 +579,17 @@ def test_an_implementation_that_misbehaves_is_a_divergence_not_a_crash(
 def test_a_hang_holding_the_gil_is_ended_by_the_backstop(tmp_path: Path) -> None:
     from verify.watchdog import BACKSTOP_S
 
+    """Past the timeout a call that never releases the GIL starves the watchdog's timer, so no
+    report is written; the earlier run's report at ``--json`` is gone too, not read as this one's."""
     impl = tmp_path / "misbehaving.py"
     impl.write_text(IMPLS_THAT_MISBEHAVE)
-    run = verify_op("rms_norm", "--impl", f"{impl}:holds_the_gil", "--examples", "1", "--timeout", "1")
+    report = tmp_path / "report.json"
+    report.write_text('{"passed": true}')
+    args = ("--examples", "1", "--timeout", "1", "--json", str(report))
+    run = verify_op("rms_norm", "--impl", f"{impl}:holds_the_gil", *args)
     assert run.returncode == 1, run.stdout + run.stderr
     assert f"Timeout (0:00:{1 + BACKSTOP_S:02.0f})!" in run.stderr and "holds_the_gil" in run.stderr
+    assert report.read_text() == ""
 
 
 def test_the_longest_timeout_arms_the_backstop_too() -> None:

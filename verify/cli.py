@@ -205,7 +205,9 @@ def checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
 
 def check_output_file(option: str, path: str | None) -> None:
     """``path`` (if given) can be written: its directory exists, it is not a directory itself, and
-    opening it for writing works (tried in append mode; a file made by the try is removed)."""
+    opening it for writing works (tried in append mode; a file made by the try is removed). An
+    earlier run's file there is emptied: a run that ends before writing its own (killed, or a hang
+    ended by the watchdog's backstop) must not leave that one to be read as this run's."""
     if path is None:
         return
     if not path:
@@ -223,6 +225,8 @@ def check_output_file(option: str, path: str | None) -> None:
         raise UsageError(f"{option} {path}: cannot be written ({exc.strerror or exc})") from None
     if not existed:
         target.unlink(missing_ok=True)
+    elif target.is_file():  # not a device or a pipe (--json /dev/stdout)
+        os.truncate(target, 0)
 
 
 def require_output_file(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
