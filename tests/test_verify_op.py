@@ -642,6 +642,26 @@ def test_an_impl_requiring_a_keyword_the_op_never_passes_is_refused() -> None:
     check_signature(with_default, rms_norm, "rms_norm")
 
 
+def test_an_impl_without_a_name_is_refused_by_what_it_is() -> None:
+    """A functools.partial or a callable object has no ``__name__``: the refusal names its type."""
+    import functools
+
+    from references.norm import rms_norm
+    from verify.impl_loader import ImplError, check_signature
+
+    def two(x, weight):
+        return x
+
+    class Scaler:
+        def __call__(self, x):
+            return x
+
+    with pytest.raises(ImplError, match=r"a partial object\(x, weight\) does not match"):
+        check_signature(functools.partial(two), rms_norm, "rms_norm")
+    with pytest.raises(ImplError, match=r"a Scaler object\(x\) does not match"):
+        check_signature(Scaler(), rms_norm, "rms_norm")
+
+
 def _two_impls_with_helpers(root: Path) -> list:
     """Two implementation files in folders of their own, each beside a ``helpers_of_one_impl``
     of its own scale (2 and 3), loaded in turn."""

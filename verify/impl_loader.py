@@ -101,10 +101,11 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return  # builtins without a signature: let the call decide
+    name = getattr(fn, "__name__", None) or f"a {type(fn).__name__} object"  # functools.partial has none
     keyword_only = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
     if keyword_only:  # the op's arguments come by position; its keywords (out=, ...) only at times
         raise ImplError(
-            f"{option}: {fn.__name__} requires the keyword-only argument {keyword_only[0]!r}, which "
+            f"{option}: {name} requires the keyword-only argument {keyword_only[0]!r}, which "
             f"{op} is not called with (its signature: {', '.join(want)}): give it a default"
         )
     if any(p.kind == p.VAR_POSITIONAL for p in params):
@@ -114,13 +115,13 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
     if len(positional) < len(want) or len(required) > len(want):
         got = ", ".join(p.name for p in positional)
         raise ImplError(
-            f"{option}: {fn.__name__}({got}) does not match the {op} signature ({', '.join(want)})"
+            f"{option}: {name}({got}) does not match the {op} signature ({', '.join(want)})"
         )
     for i, p in enumerate(positional[: len(want)]):
         if p.name in want and want.index(p.name) != i:
             got = ", ".join(p.name for p in positional)
             raise ImplError(
-                f"{option}: {fn.__name__}({got}) takes {p.name!r} at position {i}; the {op} signature "
+                f"{option}: {name}({got}) takes {p.name!r} at position {i}; the {op} signature "
                 f"({', '.join(want)}) has it at {want.index(p.name)}"
             )
 
