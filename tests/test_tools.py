@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -872,3 +873,58 @@ def test_attention_decode_target_states_the_launch_ceiling() -> None:
     prefill, _, decode_speed = _targets(rows, bandwidth=4e12, launch_s=1e-6)
     assert not prefill["met"] and prefill["value"] == "150% (its check failed)"
     assert not decode_speed["met"] and decode_speed["value"] == "2.00x (not timed in a CUDA Graph)"
+
+
+def test_an_output_path_that_is_one_of_the_runs_inputs_is_refused_untouched(tmp_path: Path) -> None:
+    """``--json`` naming the checkpoint's config, the implementation file, a hard link to it, or
+    the ``--plot`` file would clobber what the run reads or writes: refused before anything is
+    emptied. A new file in the checkpoint directory, or a path ending in a slash, is no clash
+    but the slash is no file path either."""
+    import os
+
+    from verify import cli
+
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    impl = tmp_path / "impl.py"
+    impl.write_text("def f(x):\n    return x\n")
+    os.link(impl, tmp_path / "linked.py")
+    reads = [("--model", str(model)), ("--inject", cli.impl_file(f"linear={impl}:f@all"))]
+    refused = {
+        str(model / "config.json"): f"is a file of --model {model}, which this run reads",
+        str(impl): f"is the same file as --inject {impl}",
+        str(tmp_path / "linked.py"): f"is the same file as --inject {impl}",
+        f"{tmp_path}/new.json/": "ends with '/', expected a file path",
+    }
+    for path, message in refused.items():
+        with pytest.raises(cli.UsageError, match=re.escape(f"--json {path}: {message}")):
+            cli.check_output_file("--json", path, reads)
+    assert (model / "config.json").read_text() == "{}" and impl.read_text().startswith("def f")
+    assert not (tmp_path / "new.json").exists()
+    with pytest.raises(cli.UsageError, match="is the same file as --json"):
+        cli.check_output_file("--plot", str(tmp_path / "out"), [("--json", str(tmp_path / "out"))])
+    cli.check_output_file("--json", str(model / "report.json"), reads)  # a new file there is no clash
+
+
+@pytest.mark.parametrize(
+    ("module", "option", "name"),
+    [("verify.e2e", "--json", "config.json"), ("verify.bisect", "--json", "model.safetensors")],
+)
+def test_the_clis_refuse_to_write_over_the_checkpoint(
+    tmp_path: Path, module: str, option: str, name: str
+) -> None:
+    model = tiny_checkpoint(tmp_path / "ckpt")
+    before = (model / name).read_bytes()
+    run = cli(module, "--model", str(model), option, str(model / name))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"{option} {model / name}: is a file of --model {model}, which this run reads" in run.stderr
+    assert (model / name).read_bytes() == before
+
+
+def test_bisect_plot_with_a_trailing_slash_is_refused_before_the_run(tmp_path: Path, capsys) -> None:
+    from verify import bisect
+
+    for plot in (f"{tmp_path}/plot.png/", f"{tmp_path}/plot/"):
+        assert bisect.main(["--plot", plot]) == 2
+        assert f"--plot {plot}: ends with '/', expected a file path" in capsys.readouterr().err

@@ -385,7 +385,7 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 def plot_path(path: str | None) -> str | None:
     """The file ``--plot`` writes: ``.png`` added to a bare name; a suffix matplotlib would not
     take for a plot (or a typo) is refused before the run, not after it."""
-    if not path:
+    if not path or path.endswith(("/", os.sep)):  # no file path: check_output_file says so
         return path
     suffix = Path(path).suffix.lower()
     if not suffix:
@@ -496,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.decode_steps < 0:
             raise model_loading.UsageError(f"--decode-steps {args.decode_steps}: expected at least 0")
-        cli.check_output_file("--json", args.json)
+        cli.check_output_file("--json", args.json, cli.model_reads(args))
         args.plot = plot_path(args.plot)
-        cli.check_output_file("--plot", args.plot)
+        cli.check_output_file("--plot", args.plot, [*cli.model_reads(args), ("--json", args.json)])
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise model_loading.UsageError(f"--plot {args.plot}: needs matplotlib, which is not installed")
         cli.check_output_dir("--repro-dir", args.repro_dir)

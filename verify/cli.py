@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -203,11 +203,13 @@ def checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
     return ids
 
 
-def check_output_file(option: str, path: str | None) -> None:
+def check_output_file(option: str, path: str | None, reads: Iterable[tuple[str, str | None]] = ()) -> None:
     """``path`` (if given) can be written: its directory exists, it is not a directory itself, and
     opening it for writing works (tried in append mode; a file made by the try is removed). An
     earlier run's file there is emptied: a run that ends before writing its own (killed, or a hang
-    ended by the watchdog's backstop) must not leave that one to be read as this run's."""
+    ended by the watchdog's backstop) must not leave that one to be read as this run's. ``reads``
+    are the run's other paths, ``(option, path)``: files it reads or writes, and directories it
+    reads (a checkpoint), whose files the output must not be, checked before anything is emptied."""
     if path is None:
         return
     if not path:
@@ -215,9 +217,15 @@ def check_output_file(option: str, path: str | None) -> None:
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory, expected a file path")
+    if path.endswith(("/", os.sep)):  # Path drops the slash; open() would not
+        raise UsageError(f"{option} {path}: ends with {path[-1]!r}, expected a file path")
     if not target.parent.is_dir():
         raise UsageError(f"{option} {path}: no directory {target.parent}")
     existed = target.exists()
+    for other_option, other in reads:
+        clash = _clash(target, existed, other_option, other) if other else None
+        if clash:
+            raise UsageError(f"{option} {path}: {clash}")
     try:
         with open(target, "a"):
             pass
@@ -227,6 +235,35 @@ def check_output_file(option: str, path: str | None) -> None:
         target.unlink(missing_ok=True)
     elif target.is_file():  # not a device or a pipe (--json /dev/stdout)
         os.truncate(target, 0)
+
+
+def _clash(target: Path, existed: bool, option: str, other: str) -> str | None:
+    """How writing ``target`` would clobber the run's path ``other``: it is that file (a link to it
+    included), or an existing file in that directory. None when it would not."""
+    path = Path(other)
+    if path.is_dir():
+        inside = existed and target.resolve().is_relative_to(path.resolve())
+        return f"is a file of {option} {other}, which this run reads" if inside else None
+    same = target.resolve() == path.resolve()
+    same = same or (existed and path.exists() and os.path.samefile(target, path))  # a hard link
+    return f"is the same file as {option} {other}" if same else None
+
+
+def impl_file(spec: str | None) -> str | None:
+    """The FILE.py an implementation ``spec`` (``FILE.py[:FN]``, ``OP=FILE.py[:FN]@LAYERS``) names,
+    or None for a module or no spec."""
+    if not spec:
+        return None
+    impl = spec.partition("=")[2].rpartition("@")[0] if "=" in spec else spec
+    target = impl.rpartition(":")[0] if ":" in impl else impl
+    return target if target.endswith(".py") else None
+
+
+def model_reads(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """What a model-level CLI reads (:func:`add_model_arguments`): the ``--model`` directory (a
+    preset reads nothing) and the ``--inject`` files; for :func:`check_output_file`."""
+    model = args.model if args.model and Path(args.model).is_dir() else None
+    return [("--model", model)] + [("--inject", impl_file(text)) for text in args.inject]
 
 
 def require_output_file(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:

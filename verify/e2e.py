@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if unknown or "reference" not in against:
             raise UsageError(f"--against {args.against!r}: expected 'reference' and optionally 'hf'")
-        cli.check_output_file("--json", args.json)
+        cli.check_output_file("--json", args.json, cli.model_reads(args))
         injections = [model_loading.parse_injection(text) for text in args.inject]
         device = backend.device()
         if args.prompt is None:  # no tokenizer: the request is checked before a checkpoint is built

@@ -114,9 +114,7 @@ def check_signature(fn: Callable, reference: Callable, op: str, option: str = "-
     required = [p for p in positional if p.default is p.empty]
     if len(positional) < len(want) or len(required) > len(want):
         got = ", ".join(p.name for p in positional)
-        raise ImplError(
-            f"{option}: {name}({got}) does not match the {op} signature ({', '.join(want)})"
-        )
+        raise ImplError(f"{option}: {name}({got}) does not match the {op} signature ({', '.join(want)})")
     for i, p in enumerate(positional[: len(want)]):
         if p.name in want and want.index(p.name) != i:
             got = ", ".join(p.name for p in positional)

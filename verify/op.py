@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list_ops(args.json)
     try:
         specs = _chosen_ops(args)
-        cli.check_output_file("--json", args.json)
+        reads = [("--impl", cli.impl_file(args.impl)), ("--inputs", args.inputs)]
+        cli.check_output_file("--json", args.json, reads)
         chosen, missing = _chosen_impls(args, specs)
     except KeyError as exc:
         print(f"verify.op: {exc.args[0]}", file=sys.stderr)
