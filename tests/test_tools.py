@@ -928,3 +928,26 @@ def test_bisect_plot_with_a_trailing_slash_is_refused_before_the_run(tmp_path: P
     for plot in (f"{tmp_path}/plot.png/", f"{tmp_path}/plot/"):
         assert bisect.main(["--plot", plot]) == 2
         assert f"--plot {plot}: ends with '/', expected a file path" in capsys.readouterr().err
+
+
+def test_e2e_runs_hf_on_a_config_asking_for_tuples(tmp_path: Path, capsys) -> None:
+    """``"return_dict": false`` in config.json: the oracle still reads its logits by name."""
+    from verify import e2e
+
+    model = tiny_checkpoint(tmp_path / "ckpt")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "return_dict": False}))
+    assert e2e.main(["--model", str(model), "--new-tokens", "2"]) == 0, capsys.readouterr().err
+
+
+def test_e2e_exits_2_when_the_oracles_forward_raises(tmp_path: Path, monkeypatch, capsys) -> None:
+    from verify import e2e
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this attention implementation needs a GPU")
+
+    monkeypatch.setattr(e2e, "hf_forward", refuse)
+    model = str(tiny_checkpoint(tmp_path / "ckpt"))
+    assert e2e.main(["--model", model, "--new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--against hf: transformers' forward of {model} raised (RuntimeError: this attention" in err

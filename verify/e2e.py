@@ -27,6 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from verify.cli import EPILOG, UsageError, checked_ids, parse_ids, positive_int
+from verify.impl_loader import exception_text
 
 if TYPE_CHECKING:
     from verify.models import Models
@@ -56,9 +57,15 @@ class Step:
     against: dict[str, Comparison] = field(default_factory=dict)
 
 
-class HFLoadError(Exception):
-    """transformers cannot load the checkpoint: the oracle is unusable, which is bad input, not
-    a divergence."""
+class HFOracleError(Exception):
+    """transformers cannot load or run the checkpoint: the oracle is unusable, which is bad input,
+    not a divergence."""
+
+    def __init__(self, what: str, exc: Exception) -> None:
+        super().__init__(
+            f"--against hf: {what} ({type(exc).__name__}: {exception_text(exc)}); "
+            "--against reference runs without it"
+        )
 
 
 def margin(logits: torch.Tensor) -> float:
@@ -115,16 +122,18 @@ class HFModel:
             hf_logging.disable_progress_bar()  # its loading bar would break into the step table
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
         except Exception as exc:  # transformers raises many kinds (OSError, ValueError, ImportError, ...)
-            raise HFLoadError(
-                f"--against hf: transformers cannot load {directory} ({type(exc).__name__}: {exc}); "
-                "--against reference runs without it"
-            ) from None
+            raise HFOracleError(f"transformers cannot load {directory}", exc) from None
+        model.config.return_dict = True  # an output format, not the model: its inner layers read it too
         self.model = model.to(device).eval()
+        self.directory = directory
         self.cache = None
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        logits, self.cache = hf_forward(self.model, ids, self.cache)
+        try:
+            logits, self.cache = hf_forward(self.model, ids, self.cache)
+        except Exception as exc:  # a config transformers loads but cannot run
+            raise HFOracleError(f"transformers' forward of {self.directory} raised", exc) from None
         return logits[:, -1]
 
 
@@ -420,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     except model_loading.InjectedOpError as exc:
         return _injected_failure(args.json, run_json, str(exc), exc.where)
-    except (NonFiniteReference, HFLoadError) as exc:
+    except (NonFiniteReference, HFOracleError) as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2
     elapsed = time.monotonic() - started
