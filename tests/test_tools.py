@@ -951,3 +951,27 @@ def test_e2e_exits_2_when_the_oracles_forward_raises(tmp_path: Path, monkeypatch
     assert e2e.main(["--model", model, "--new-tokens", "1"]) == 2
     err = capsys.readouterr().err
     assert f"--against hf: transformers' forward of {model} raised (RuntimeError: this attention" in err
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "asked"),
+    [
+        ("verify.e2e", ("--cache-len", str(10**11)), f"--cache-len {10**11}"),
+        ("verify.e2e", ("--new-tokens", str(10**11)), "+ 100000000000 new tokens: a KV cache of"),
+        ("verify.bisect", ("--prompt-len", str(10**11)), f"--prompt-len {10**11} + --decode-steps"),
+    ],
+)
+def test_a_kv_cache_past_the_free_memory_is_refused_by_name(
+    tmp_path: Path, capsys, module: str, args: tuple[str, ...], asked: str
+) -> None:
+    """A checkpoint allowing 1e13 positions: a cache of 1e11 rows (23 TiB here) is bad usage
+    named before any allocation, not the allocator's traceback."""
+    from verify import bisect, e2e
+
+    model = tiny_checkpoint(tmp_path / "ckpt")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 10**13}))
+    main = e2e.main if module == "verify.e2e" else bisect.main
+    assert main(["--model", str(model), *args]) == 2
+    err = capsys.readouterr().err
+    assert asked in err and "GiB, more than the" in err and "GiB free on cpu" in err, err

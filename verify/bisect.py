@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             what = f"--prompt-len {args.prompt_len} + --decode-steps {args.decode_steps}"
         needed = args.prompt_len + args.decode_steps
-        max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)  # before any cache exists
+        max_seq = model_loading.cache_rows(args.cache_len, needed, what, config, device)  # before any cache
         ids = given or _prompt_ids(args, config.vocab_size)  # drawn once the length is known to fit
         directory, config = model_loading.checkpoint_config(args.model)
         report = Report(str(directory), backend.name(), [i.as_json() for i in injections], max_seq, ids)

@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt, tokenizer = _prompt(args, directory, config.vocab_size, device)
         needed = cache_rows_needed(prompt.shape[1], args.new_tokens)
         what = f"the prompt's {prompt.shape[1]} tokens + {args.new_tokens} new tokens"
-        max_seq = model_loading.cache_rows(args.cache_len, needed, what, config)
+        max_seq = model_loading.cache_rows(args.cache_len, needed, what, config, device)
         if directory is None:
             directory, config = model_loading.checkpoint_config(args.model)
         run_json = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,21 +54,47 @@ class Injection:
         return {"op": self.op, "impl": self.impl_spec, "layers": self.layer_spec}
 
 
-def cache_rows(cache_len: int | None, needed: int, what: str, config: model_config.ModelConfig) -> int:
+def cache_rows(
+    cache_len: int | None, needed: int, what: str, config: model_config.ModelConfig, device: torch.device
+) -> int:
     """The KV cache capacity for a run needing ``needed`` rows (``what`` says of what), checked
-    before any cache exists: at least ``needed``, at most the config's positions."""
+    before any cache exists: at least ``needed``, at most the config's positions, and one bf16
+    cache of it (the run holds several) within the memory free on ``device``: a huge request is
+    refused by name, not left to the allocator's traceback."""
     limit = config.max_position_embeddings
     if needed > limit:
         raise UsageError(
             f"{what} need {needed} positions, more than the model's max_position_embeddings {limit}"
         )
-    if cache_len is None:
-        return needed
-    if cache_len < needed:
+    if cache_len is not None and cache_len < needed:
         raise UsageError(f"--cache-len {cache_len}: {what} need {needed} rows")
-    if cache_len > limit:
+    if cache_len is not None and cache_len > limit:
         raise UsageError(f"--cache-len {cache_len}: exceeds the model's max_position_embeddings {limit}")
-    return cache_len
+    rows = needed if cache_len is None else cache_len
+    cache_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2 * rows  # K and V, bf16
+    free = free_memory(device)
+    if cache_bytes > free:
+        asked = what if cache_len is None else f"--cache-len {cache_len}"
+        raise UsageError(
+            f"{asked}: a KV cache of {rows} rows takes {cache_bytes / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB free on {device}"
+        )
+    return rows
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes the allocator can still get on ``device``: the GPU's free memory, or the host's
+    available memory (``MemAvailable``; free pages where there is no /proc)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def parse_injection(text: str) -> Injection:

@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     length, new = args.prompt_len, args.new_tokens
     what = f"--prompt-len {length} + --new-tokens {new} + 1 (the warm-up step writes one row past them)"
     try:
-        max_seq = cache_rows(args.cache_len, length + new + 1, what, cfg)
+        where = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # no GPU: refused below
+        max_seq = cache_rows(args.cache_len, length + new + 1, what, cfg, where)
     except UsageError as error:
         p.error(str(error))
     if timing.cuda_missing("verify.bench model"):
