@@ -250,15 +250,32 @@ def _not_finite(file: Path, name: str, stored: torch.Tensor, dtype: torch.dtype)
 
 
 def _check_layer_count(directory: Path, layers: int, names: set[str]) -> None:
-    """The checkpoint holds layers 0..N-1 for some N: that N must be the config's (checked before
-    the config's per-layer names are listed, which for a num_hidden_layers of 10**12 never ends)."""
+    """The checkpoint holds a tensor of each of layers 0..N-1 and of no other, N the config's
+    (checked before the config's per-layer names are listed, which for a num_hidden_layers of
+    10**12 never ends)."""
     parts = (n.removeprefix("model.").split(".") for n in names)  # a base model's names lack "model."
-    held = {int(p[1]) for p in parts if len(p) > 2 and p[0] == "layers" and p[1].isdigit()}
-    if held == set(range(len(held))) and len(held) != layers:
-        what = f"the tensors of {len(held)} layers (0 to {len(held) - 1})" if held else "no layer's tensors"
+    held = {
+        int(p[1]) for p in parts if len(p) > 2 and p[0] == "layers" and p[1].isascii() and p[1].isdecimal()
+    }
+    if held == set(range(len(held))):  # 0..N-1
+        if len(held) != layers:
+            what = (
+                f"the tensors of {len(held)} layers (0 to {len(held) - 1})" if held else "no layer's tensors"
+            )
+            raise WeightsError(
+                f"{directory}: config.json's num_hidden_layers is {layers}, but the checkpoint holds {what}"
+            )
+        return
+    beyond = min((i for i in held if i >= layers), default=None)
+    if beyond is not None:
         raise WeightsError(
-            f"{directory}: config.json's num_hidden_layers is {layers}, but the checkpoint holds {what}"
+            f"{directory}: the checkpoint holds tensors of layer {beyond}, but config.json's "
+            f"num_hidden_layers is {layers}"
         )
+    gap = next(i for i in range(layers) if i not in held)  # below max(held): the loop is short
+    raise WeightsError(
+        f"{directory}: the checkpoint holds no tensor of layer {gap}, but tensors of layer {max(held)}"
+    )
 
 
 def load(

@@ -315,6 +315,30 @@ def test_a_config_claiming_other_layers_than_the_checkpoint_holds(tmp_path: Path
             model_weights.load(tmp_path, cfg.replace(num_layers=layers), "cpu")
 
 
+def test_a_layer_missing_or_beyond_the_config_or_an_odd_number_is_named(tmp_path: Path) -> None:
+    """A gap in the layers (with 10**12 claimed: no listing of the config's names), a layer past
+    num_hidden_layers, and a non-ASCII digit where the layer number goes ('²'.isdigit() is true,
+    int('²') raises): each a clear error, not a hang or a ValueError."""
+    cfg = TINY["qwen3"].replace(num_layers=3)
+    tensors = _tensors(cfg)
+    for name in [n for n in tensors if n.startswith("model.layers.1.")]:
+        del tensors[name]
+    _write(tmp_path, tensors, cfg)
+    for layers in (3, 10**12):
+        with pytest.raises(WeightsError, match=r"holds no tensor of layer 1, but tensors of layer 2"):
+            model_weights.load(tmp_path, cfg.replace(num_layers=layers), "cpu")
+    with pytest.raises(
+        WeightsError, match=r"holds tensors of layer 2, but config.json's num_hidden_layers is 1"
+    ):
+        model_weights.load(tmp_path, cfg.replace(num_layers=1), "cpu")
+    cfg = TINY["qwen3"]
+    _write(tmp_path, _tensors(cfg) | {"model.layers.\u00b2.extra.weight": torch.zeros(2)}, cfg)
+    with pytest.raises(
+        WeightsError, match=r"1 unexpected tensors, e.g. \['model.layers.\u00b2.extra.weight'\]"
+    ):
+        model_weights.load(tmp_path, cfg, "cpu")
+
+
 def test_a_shard_the_index_forgot_is_named(tmp_path: Path) -> None:
     cfg = TINY["qwen3"]
     _index(tmp_path, dict.fromkeys(_norm_in_its_own_shard(tmp_path, cfg), "rest.safetensors"))
