@@ -19,6 +19,7 @@ from ops import backend
 KERNELS = ("gemv", "tiled")
 GEMV_MAX_M = 4  # the gemv kernel keeps next_power_of_2(M) rows of x per program
 MAX_SPLIT_K = 64  # the reduce unrolls over the splits
+MAX_WARPS = 32  # 1024 threads, a CUDA block's most
 SMS = 132  # H200 streaming multiprocessors: sizes the default split-K
 
 
@@ -49,6 +50,10 @@ class GemmConfig:
                 raise ValueError(f"config.{name}: expected a power of two, got {value}")
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise ValueError(f"config.split_k: expected 1..{MAX_SPLIT_K}, got {self.split_k}")
+        if self.num_warps > MAX_WARPS:
+            raise ValueError(f"config.num_warps: expected at most {MAX_WARPS}, got {self.num_warps}")
+        if self.num_stages < 1:
+            raise ValueError(f"config.num_stages: expected at least 1, got {self.num_stages}")
 
     def replace(self, **changes: int | str) -> GemmConfig:
         return dataclasses.replace(self, **changes)
@@ -63,7 +68,7 @@ class GemmConfig:
             )
         g = {name: int(value) for name, value in match.groupdict().items() if value is not None}
         kernel, block_m = ("gemv", 1) if "gemv_n" in g else ("tiled", g["m"])
-        block_n = g.get("gemv_n") or g["n"]
+        block_n = g["gemv_n"] if "gemv_n" in g else g["n"]
         return cls(kernel, block_m, block_n, g["k"], g.get("split", 1), g["w"], g["s"])
 
     def describe(self) -> str:

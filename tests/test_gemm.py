@@ -4,6 +4,8 @@ the config table and its lookup, and CUDA Graph capture with preallocated buffer
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import triton
@@ -343,8 +345,14 @@ def test_config_descriptions_parse_back() -> None:
     ):
         with pytest.raises(ValueError, match=r"expected e\.g\."):
             gemm_config.GemmConfig.parse(bad)
-    with pytest.raises(ValueError, match="power of two"):
-        gemm_config.GemmConfig.parse("gemv n3 k512 w4 s4")
+    for bad, message in (
+        ("gemv n3 k512 w4 s4", "config.block_n: expected a power of two, got 3"),
+        ("gemv n0 k512 w4 s4", "config.block_n: expected a power of two, got 0"),
+        ("gemv n8 k512 w64 s1", "config.num_warps: expected at most 32, got 64"),
+        ("gemv n8 k512 w4 s0", "config.num_stages: expected at least 1, got 0"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            gemm_config.GemmConfig.parse(bad)
 
 
 def test_fp32_floor_is_an_ulp_of_the_summed_terms_and_still_catches_a_dropped_term() -> None:

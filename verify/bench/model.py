@@ -31,6 +31,7 @@ from references.precision import computing_in
 from verify import cli
 from verify.bench import timing
 from verify.cli import UsageError, add_cache_argument
+from verify.impl_loader import exception_text
 from verify.models import cache_rows
 from verify.strategies.gemm import projections
 
@@ -344,9 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     graph_rows = [(None, {}, decode_runner)] + [(text, o, DecodeRunner(tri, 1)) for text, o in variants]
     decode_s: list[list[float]] = [[] for _ in graph_rows]
     for _ in range(args.repeat):  # interleaved, so a slow stretch of the GPU hits every row
-        for times, (_, overrides, runner) in zip(decode_s, graph_rows, strict=True):
-            with gemm_overrides(overrides):  # the first step captures the graph with them
-                times.append(decode_loop(runner.step, first, length, new))
+        for times, (text, overrides, runner) in zip(decode_s, graph_rows, strict=True):
+            try:
+                with gemm_overrides(overrides):  # the first step captures the graph with them
+                    times.append(decode_loop(runner.step, first, length, new))
+            except Exception as exc:  # Triton's OutOfResources, CompilationError, ...
+                if text is None or times:
+                    raise
+                why = f"{type(exc).__name__}: {exception_text(exc)}"
+                p.error(f"--try-config {text!r}: does not run on this GPU ({why})")
     record(
         GRAPH_ROW,
         prefill_s,
