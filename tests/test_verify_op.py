@@ -611,6 +611,14 @@ def test_os_exit_at_import_is_a_load_failure(tmp_path: Path) -> None:
     assert "failed: ProcessExitCalled: it called os._exit(5)" in run.stderr
 
 
+def test_an_import_that_hangs_is_a_load_failure_after_the_timeout(tmp_path: Path) -> None:
+    impl = tmp_path / "hangs_at_import.py"
+    impl.write_text("import time\n\ntime.sleep(600)\n")
+    run = verify_op("rms_norm", "--impl", f"{impl}:rms_norm", "--timeout", "1")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"verify.op: --impl: importing {impl} did not finish in 1 s (--timeout)" in run.stderr
+
+
 def test_recorded_tensors_without_data_or_a_strided_layout_exit_2(tmp_path: Path, capsys) -> None:
     """A meta tensor (no data) or a sparse one cannot be copied with its layout: bad input, named."""
     import torch

@@ -148,8 +148,8 @@ def add_timeout_argument(parser: argparse.ArgumentParser, what: str) -> None:
         type=seconds_or_none,
         default=DEFAULT_S,
         metavar="SECONDS",
-        help=f"{what} taking longer is a hang: report it, exit 1 (default {DEFAULT_S:g}; 0: no limit; "
-        f"at most {threading.TIMEOUT_MAX:.0f})",
+        help=f"{what} taking longer is a hang: report it, exit 1; an implementation's import taking longer "
+        f"exits 2 (default {DEFAULT_S:g}; 0: no limit; at most {threading.TIMEOUT_MAX:.0f})",
     )
 
 

@@ -18,27 +18,40 @@ class ImplError(Exception):
     """The implementation could not be loaded or does not fit the op's signature."""
 
 
-def load(spec: str, option: str = "--impl", default_fn: str | None = None) -> Callable:
+def load(
+    spec: str, option: str = "--impl", default_fn: str | None = None, timeout: float | None = None
+) -> Callable:
     """The function ``spec`` names; errors name ``option``, the argument that gave it. Given
-    ``default_fn`` (an op's name), a bare ``MODULE`` or ``FILE.py`` names its function of that name."""
+    ``default_fn`` (an op's name), a bare ``MODULE`` or ``FILE.py`` names its function of that name.
+    ``timeout``: see :func:`load_module`."""
     target, sep, fn_name = spec.rpartition(":")
     if not sep and default_fn and spec:
         target, fn_name = spec, default_fn
     if not target or not fn_name:
         form = "MODULE[:FN] or FILE.py[:FN]" if default_fn else "MODULE:FN or FILE.py:FN"
         raise ImplError(f"{option}: {spec!r} is not {form}")
-    fn = getattr(load_module(target, option), fn_name, None)
+    fn = getattr(load_module(target, option, timeout), fn_name, None)
     if not callable(fn):
         raise ImplError(f"{option}: {target} has no callable {fn_name!r}")
     return fn
 
 
-def load_module(target: str, option: str = "--impl") -> ModuleType:
-    """The module ``target`` names, ``MODULE`` or ``FILE.py``, imported with ``os._exit`` refused."""
-    from verify.watchdog import process_exit_refused
+def load_module(target: str, option: str = "--impl", timeout: float | None = None) -> ModuleType:
+    """The module ``target`` names, ``MODULE`` or ``FILE.py``, imported with ``os._exit`` refused.
+    An import running past ``timeout`` seconds (None: no limit) ends the process with 2: it could
+    not be loaded, as one that raises."""
+    from verify.watchdog import Watchdog
+
+    def hung(subject: str, seconds: float) -> None:
+        main = getattr(sys.modules["__main__"], "__spec__", None)  # python -m verify.op: its name
+        prog = f"{main.name}: " if main is not None else ""
+        print(
+            f"{prog}{option}: importing {subject} did not finish in {seconds:g} s (--timeout)",
+            file=sys.stderr,
+        )
 
     try:
-        with process_exit_refused():
+        with Watchdog(timeout, hung, status=2).watching(target):
             if target.endswith(".py"):
                 path = Path(target).resolve()
                 if not path.is_file():

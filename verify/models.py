@@ -142,7 +142,7 @@ def apply_injections(model: Decoder, injections: list[Injection], watchdog: Watc
             taken[inj.op, n] = inj.impl_spec
         try:
             option = f"--inject {inj.op}={inj.impl_spec}"
-            fn = impl_loader.load(inj.impl_spec, option, default_fn=inj.op)
+            fn = impl_loader.load(inj.impl_spec, option, default_fn=inj.op, timeout=watchdog.seconds)
             impl_loader.check_signature(fn, registry.get(inj.op).reference, inj.op, option)
         except impl_loader.ImplError as exc:
             raise UsageError(str(exc)) from None

@@ -172,7 +172,7 @@ def _chosen_impls(args: argparse.Namespace, specs: list[OpSpec]) -> tuple[list[C
         return [Chosen(spec) for spec in specs], []
     if len(specs) == 1 and not args.all:
         spec = specs[0]
-        fn = impl_loader.load(args.impl, default_fn=spec.name)
+        fn = impl_loader.load(args.impl, default_fn=spec.name, timeout=args.timeout)
         impl_loader.check_signature(fn, spec.reference, spec.name)
         label = args.impl if ":" in args.impl else f"{args.impl}:{spec.name}"
         return [Chosen(spec, fn, label)], []
@@ -181,7 +181,7 @@ def _chosen_impls(args: argparse.Namespace, specs: list[OpSpec]) -> tuple[list[C
             f"--impl: {args.impl!r} names one function; for several ops give MODULE or FILE.py, "
             "whose function of each op's name is checked"
         )
-    module = impl_loader.load_module(args.impl)
+    module = impl_loader.load_module(args.impl, timeout=args.timeout)
     chosen, missing = [], []
     for spec in specs:
         fn = getattr(module, spec.name, None)

@@ -58,12 +58,14 @@ def _stream_with_a_file() -> Any:
 
 class Watchdog:
     """``with watchdog.watching(subject):`` around one call. Past ``seconds`` (None: no limit)
-    ``report(subject, seconds)`` runs on the timer thread, then the process exits with 1 (the
-    implementation under test failed): the main thread, stuck in the hung call, never resumes."""
+    ``report(subject, seconds)`` runs on the timer thread, then the process exits with ``status``
+    (1: the implementation under test failed): the main thread, stuck in the hung call, never
+    resumes."""
 
-    def __init__(self, seconds: float | None, report: Callable[[Any, float], None]) -> None:
+    def __init__(self, seconds: float | None, report: Callable[[Any, float], None], status: int = 1) -> None:
         self.seconds = seconds
         self.report = report
+        self.status = status
 
     @contextmanager
     def watching(self, subject: Any) -> Iterator[None]:
@@ -94,7 +96,7 @@ class Watchdog:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            end_process(1)
+            end_process(self.status)
 
 
 NO_LIMIT = Watchdog(None, lambda subject, seconds: None)
