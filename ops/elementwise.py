@@ -47,6 +47,7 @@ def _binary_rows(
         out, a.shape, a.dtype, a, reads={a_name: a, b_name: b}, in_place=(a_name, b_name)
     )
     rows, n = a_rows.shape
+    validate.grid_axis(a_name, triton.cdiv(n, BLOCK_N), f"a row of {n} elements")
     if rows == 0 or n == 0:
         return result
     grid = (rows, triton.cdiv(n, BLOCK_N))

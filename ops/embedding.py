@@ -57,6 +57,7 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
     result = validate.output(
         out, (batch, seq, hidden), table.dtype, table, reads={"table": table, "ids": ids}
     )
+    validate.grid_axis("table", triton.cdiv(hidden, BLOCK_H), f"a row of {hidden} elements")
     if batch * seq == 0 or hidden == 0:
         return result
     grid = (batch * seq, triton.cdiv(hidden, BLOCK_H))

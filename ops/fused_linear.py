@@ -75,7 +75,7 @@ def _check_norm_operands(
     validate.tensor("norm_weight", norm_weight, ndim=1)
     validate.shape("norm_weight", norm_weight, (k,), "K, the last dim of x")
     validate.same_dtype("norm_weight", norm_weight, "x", x)
-    return validate.positive("eps", eps)
+    return validate.positive("eps", eps, fp32=True)
 
 
 def _norm_outputs(

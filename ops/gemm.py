@@ -804,6 +804,9 @@ def _outputs(
     if splits is None:
         partials = None
     else:
+        validate.grid_axis(
+            "weight", triton.cdiv(n, REDUCE_BLOCK_N), f"reducing the split-K partials of N = {n}"
+        )
         partials = validate.output(partials, (splits, m, n), torch.float32, x, "partials", reads=inputs)
     y = validate.output(out, (m, n), x.dtype, x, reads=inputs | {"partials": partials})
     return y, partials
@@ -878,6 +881,7 @@ def splitk_reduce(
         raise ValueError(
             f"partials: expected 1..{MAX_SPLIT_K} splits in dim 0, got shape {tuple(partials.shape)}"
         )
+    validate.grid_axis("partials", triton.cdiv(n, REDUCE_BLOCK_N), f"N = {n}")
     y = validate.output(out, (m, n), out_dtype, partials, reads={"partials": partials})
     _reduce(partials, None, y)
     return y

@@ -72,7 +72,7 @@ def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple
     validate.tensor("weight", weight, ndim=1)
     n = x.shape[-1]
     validate.shape("weight", weight, (n,), "the last dim of x")
-    eps = validate.positive("eps", eps)
+    eps = validate.positive("eps", eps, fp32=True)
     if n > MAX_N:
         raise ValueError(f"x: last dim {n} exceeds the {MAX_N} a single-row kernel supports")
     return n, eps

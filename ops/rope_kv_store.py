@@ -136,7 +136,7 @@ def rope_kv_store(
     if q_norm is not None:
         validate.tensor("q_norm", q_norm, ndim=1)
         validate.tensor("k_norm", k_norm, ndim=1)
-        eps = validate.positive("eps", eps)
+        eps = validate.positive("eps", eps, fp32=True)
     else:
         eps = 0.0  # no qk-norm: eps is unused, and any value is accepted, as the reference does
     batch, seq, q_heads, dim = q.shape

@@ -87,6 +87,7 @@ def argmax(logits: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Te
     result = validate.output(out, (batch,), torch.int64, logits, reads={"logits": logits})
     if batch == 0:
         return result
+    validate.grid_axis("logits", triton.cdiv(vocab, BLOCK_V), f"a vocabulary of {vocab}")  # the GPU's chunks
     block = INTERPRETER_BLOCK_V if backend.is_interpreter() else BLOCK_V
     block = min(block, triton.next_power_of_2(vocab))
     chunks = triton.cdiv(vocab, block)

@@ -16,6 +16,8 @@ from ops import backend
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
+FP32_MAX = torch.finfo(torch.float32).max
+FP32_TINY = float(torch.tensor(1, dtype=torch.int32).view(torch.float32))  # the least subnormal
 
 
 def _names(dtypes: Iterable[torch.dtype]) -> str:
@@ -51,6 +53,11 @@ def tensor(
             raise ValueError(f"{name}: expected {shown} dims, got shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype in ({_names(dtypes)}), got {t.dtype}")
+    if t.is_neg() or t.is_conj():  # a lazy view (z.conj().imag): its memory holds the unnegated values
+        raise ValueError(
+            f"{name}: has torch's negative or conjugate bit set, which a kernel reading its memory would "
+            f"not apply; pass {name}.resolve_neg()"
+        )
     if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(
             f"{name}: the last dim must have stride 1, got strides {t.stride()} for shape {tuple(t.shape)}"
@@ -76,19 +83,41 @@ def contiguous(name: str, t: torch.Tensor) -> None:
         )
 
 
-def positive(name: str, value: object, *, integer: bool = False) -> int | float:
+def positive(name: str, value: object, *, integer: bool = False, fp32: bool = False) -> int | float:
     """A positive int, or a positive finite number (NaN and inf would only spread through the
     output), returned as a Python scalar: numpy scalars pass, a tensor (which a launch would take
-    for a pointer) or a bool does not."""
+    for a pointer) or a bool does not. ``fp32``: the kernel takes it as an fp32, where it must
+    stay positive and finite too (an ``eps`` of 1e-46 is 0 there, one of 1e39 inf)."""
     kind = numbers.Integral if integer else numbers.Real
     want = "a positive int" if integer else "a positive finite number"
     if isinstance(value, bool) or not isinstance(value, kind):
         shown = type(value).__name__ if isinstance(value, torch.Tensor) else repr(value)
         raise ValueError(f"{name}: expected {want} (a Python or numpy scalar), got {shown}")
-    scalar = int(value) if integer else float(value)
+    try:
+        scalar = int(value) if integer else float(value)
+    except OverflowError:  # an int past the float range
+        raise ValueError(f"{name}: expected {want}, got an int past the float range") from None
     if not 0 < scalar < math.inf:
         raise ValueError(f"{name}: expected {want}, got {value!r}")
+    if fp32 and not 0 < float(torch.tensor(scalar, dtype=torch.float32)) < math.inf:
+        raise ValueError(
+            f"{name}: expected a positive finite number as an fp32 (the kernel computes in fp32: "
+            f"{FP32_TINY:.4g} to {FP32_MAX:.4g}), got {value!r}"
+        )
     return scalar
+
+
+MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's second and third axes
+
+
+def grid_axis(name: str, programs: int, what: str) -> None:
+    """``programs`` fit the launch grid's second axis; past it the launch fails with CUDA's bare
+    "invalid argument", naming nothing."""
+    if programs > MAX_GRID_YZ:
+        raise ValueError(
+            f"{name}: {what} takes {programs} programs on the launch grid's second axis, past CUDA's "
+            f"{MAX_GRID_YZ}: not supported"
+        )
 
 
 def pair(name: str, value: object) -> tuple[object, object]:

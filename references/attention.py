@@ -95,8 +95,15 @@ def attention(
     result = torch.empty(q.shape, dtype=compute_dtype(), device=q.device)
     for rows, heads, q_c, k_c, v_c, lens in _chunks(q, k_cache, v_cache, seq_lens):
         probs = causal_mask_softmax(qk_score(q_c, k_c, scale), lens, q.shape[1])
-        result[rows, :, heads] = pv_matmul(probs, v_c)
+        result[rows, :, heads] = pv_matmul(probs, _valid_rows(v_c, lens))
     return out(result, q.dtype)
+
+
+def _valid_rows(v: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """``v`` with its rows at or past ``seq_lens`` zeroed: no query sees them, but a zero
+    probability times a NaN or inf value there would still be NaN."""
+    rows = torch.arange(v.shape[1], device=v.device)
+    return v.where(rows[None, :, None, None] < seq_lens.long()[:, None, None, None], 0)
 
 
 def seq_lens_below_s(

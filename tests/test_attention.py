@@ -110,6 +110,23 @@ def test_drill_down_steps_compose_to_the_reference() -> None:
     assert torch.equal(combined.to(q.dtype), ref.attention(q, k_cache, v_cache, seq_lens, scale))
 
 
+@pytest.mark.parametrize("path", ["prefill", "decode"])
+def test_non_finite_rows_past_seq_len_reach_no_output(path: str) -> None:
+    """No query sees a cache row at or past its batch row's ``seq_len``: NaN and inf there leave
+    the reference finite (a zero probability times NaN would not) and the kernels with it."""
+    gen = torch.Generator().manual_seed(3)
+    seq = 1 if path == "decode" else 3
+    q = torch.randn(2, seq, 4, 16, generator=gen).to(DEVICE, torch.bfloat16)
+    k_cache, v_cache = (torch.randn(2, 24, 2, 16, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
+    seq_lens = torch.tensor([5, 20], dtype=torch.int32, device=DEVICE)
+    k_cache[0, 5:], v_cache[0, 5:] = float("inf"), float("nan")
+    v_cache[1, 20:] = float("-inf")
+    expected = ref.attention(q, k_cache, v_cache, seq_lens, 0.25)
+    assert torch.isfinite(expected).all()
+    got = ops_attention.attention(q, k_cache, v_cache, seq_lens, 0.25, path=path)
+    torch.testing.assert_close(got, expected, rtol=0.02, atol=0.02)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_reference_taken_a_head_at_a_time_computes_what_it_computes_whole(monkeypatch, dtype) -> None:
     """Past ``SCORES_AT_ONCE`` scores (only the GPU's largest drawn cases) the reference and its
@@ -366,3 +383,24 @@ def test_captured_decode_graph_replays_at_every_length(
         torch.cuda.synchronize()
         result = check(registry.get("attention"), case, lambda *args: out.clone())
         assert result.passed, f"seq_lens {lens}: {result.describe()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["prefill", "decode"])
+def test_a_cache_past_two_to_the_31_elements_a_batch_row_is_addressed_in_int64(path: str) -> None:
+    """Rows past 2**31 / (Hkv * D) sit past int32 offsets (here rows >= 524288 of 32 x 128): their
+    offsets are 64-bit, so the one nonzero value row, the last, is read where it is. K is zero,
+    so every score ties and the last query's output is V's mean over the L rows: 1 / L."""
+    if torch.cuda.mem_get_info()[0] < 12 * 2**30:
+        pytest.skip("needs 12 GiB of free GPU memory (two 4.3 GB caches)")
+    capacity, kv_heads, dim = 2**19 + 64, 32, 128
+    k_cache = torch.zeros(1, capacity, kv_heads, dim, device=DEVICE, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    v_cache[0, -1] = 1.0
+    seq = 16 if path == "prefill" else 1
+    q = torch.randn(1, seq, kv_heads, dim, device=DEVICE, dtype=torch.bfloat16)
+    seq_lens = torch.full((1,), capacity, device=DEVICE, dtype=torch.int32)
+    out = ops_attention.attention(q, k_cache, v_cache, seq_lens, dim**-0.5, path=path)
+    torch.testing.assert_close(
+        out[0, -1].float(), torch.full_like(out[0, -1], 1 / capacity).float(), rtol=0.01, atol=0
+    )

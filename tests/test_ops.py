@@ -9,6 +9,7 @@ names the argument.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -251,6 +252,18 @@ def test_rejects_wrong_device(name: str, arg: str) -> None:
         spec.impl(*args.values(), **case.kwargs)
 
 
+@pytest.mark.parametrize(("name", "arg"), TENSOR_ARGS)
+def test_rejects_a_lazily_negated_view(name: str, arg: str) -> None:
+    """A view with torch's negative bit (``z.conj().imag`` is one) holds the unnegated values in
+    memory, which is what a kernel reads: refused, not read with the wrong sign."""
+    spec = registry.get(name)
+    case = spec.build(spec.typical, DEVICE)
+    args = dict(zip(arg_names(spec.reference), case.args, strict=False))
+    args[arg] = torch._neg_view(args[arg].neg())  # the same values, stored negated
+    with pytest.raises(ValueError, match=rf"^{re.escape(arg)}: has torch's negative or conjugate bit set"):
+        spec.impl(*args.values(), **case.kwargs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
 @pytest.mark.parametrize(("name", "arg"), TENSOR_ARGS)
@@ -262,3 +275,34 @@ def test_rejects_another_gpu(name: str, arg: str) -> None:
     args[arg] = args[arg].to("cuda:1")
     with pytest.raises(ValueError, match=rf"^{re.escape(arg)}\b"):
         spec.impl(*args.values(), **case.kwargs)
+
+
+def _grid_cases() -> list:
+    """Calls whose launch grid would need more than CUDA's 65535 programs on its second axis
+    (a bare "invalid argument" from the driver): sizes just past each op's limit, in empty
+    (uninitialised) tensors, since the check comes before any launch."""
+    e = functools.partial(torch.empty, device=DEVICE, dtype=torch.bfloat16)
+    row = 65536 * 1024 + 1  # elementwise and embedding programs cover 1024 elements of a row
+    batch = 65536  # attention: a program row per (batch row, head)
+
+    def attention_args(new_tokens: int) -> tuple:
+        lens = torch.full((batch,), 16, device=DEVICE, dtype=torch.int32)
+        return e(batch, new_tokens, 1, 16), e(batch, 16, 1, 16), e(batch, 16, 1, 16), lens, 0.25
+
+    ids = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
+    partials = e(2, 1, 65536 * 256 + 1, dtype=torch.float32)
+    return [
+        pytest.param("add", (e(1, row), e(1, row)), "x", "a row of", id="add"),
+        pytest.param("silu_mul", (e(row), e(row)), "gate", "a row of", id="silu_mul"),
+        pytest.param("embedding", (ids, e(1, row)), "table", "a row of", id="embedding"),
+        pytest.param("splitk_reduce", (partials, torch.bfloat16), "partials", "N = ", id="splitk_reduce"),
+        pytest.param("argmax", (e(1, 65536 * 2048 + 1),), "logits", "a vocabulary of", id="argmax"),
+        pytest.param("attention_prefill", attention_args(2), "q", "B x Hq = 65536 x 1", id="prefill"),
+        pytest.param("attention_decode", attention_args(1), "k_cache", "B x Hkv = 65536 x 1", id="decode"),
+    ]
+
+
+@pytest.mark.parametrize(("name", "args", "arg", "what"), _grid_cases())
+def test_a_launch_grid_past_cudas_axis_limit_is_refused_by_name(name: str, args: tuple, arg: str, what: str):
+    with pytest.raises(ValueError, match=rf"^{arg}: {re.escape(what)}.* past CUDA's 65535: not supported"):
+        registry.get(name).impl(*args)

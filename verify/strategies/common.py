@@ -49,6 +49,14 @@ class Invalid:
     error: type[Exception] = ValueError
 
 
+# an eps the kernels cannot take as an fp32, or not as a float at all
+EPS_NOT_FP32 = (
+    Invalid("eps zero as an fp32 (1e-46)", "eps", lambda args: args.update(eps=1e-46)),
+    Invalid("eps inf as an fp32 (1e39)", "eps", lambda args: args.update(eps=1e39)),
+    Invalid("eps an int past the float range", "eps", lambda args: args.update(eps=10**400)),
+)
+
+
 def labels_for(params: dict, **sizes: int) -> list[str]:
     """Edge classes a case covers, for ``verify.op``'s coverage report (Hypothesis events)."""
     out = [f"dtype {params.get('dtype', 'bfloat16')}"]

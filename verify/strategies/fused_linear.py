@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, values
 from verify.limits import Limits
-from verify.strategies.common import BOOLS, Invalid, common, labels_for, replace
+from verify.strategies.common import BOOLS, EPS_NOT_FP32, Invalid, common, labels_for, replace
 from verify.strategies.gemm import W_LAYOUTS, distinct_projections, m_sizes, weight_tensor
 from verify.strategies.kv_cache import STARTS, _starts
 from verify.strategies.norm import NORM_WEIGHTS
@@ -149,6 +149,7 @@ ADD_RMS_NORM_LINEAR_INVALID = (
     Invalid("residual dtype differs from x", "residual", replace("residual", lambda r: r.float()), TypeError),
     Invalid("norm_weight of the wrong length", "norm_weight", replace("norm_weight", lambda w: w[:-1])),
     Invalid("negative eps", "eps", replace("eps", lambda e: -e)),
+    *EPS_NOT_FP32,
     Invalid("weight K differs from x's", "weight", replace("weight", lambda w: w[:, :-1])),
     Invalid("bias of the wrong length", "bias", replace("bias", lambda b: b[:-1])),
     Invalid("3-d x", "x", replace("x", lambda x: x[None])),

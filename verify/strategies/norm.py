@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, strided_view
 from verify.limits import Limits
-from verify.strategies.common import Invalid, common, labels_for, lead_dims, padding, replace
+from verify.strategies.common import EPS_NOT_FP32, Invalid, common, labels_for, lead_dims, padding, replace
 
 WIDTHS = AWKWARD + MODEL_DIMS[:-1]  # every norm width but the vocabulary
 NORM_WEIGHTS = ("normal", "ones")  # a norm weight of near-ones, or exactly ones
@@ -104,6 +104,7 @@ RMS_NORM_INVALID = (
     Invalid("2-d weight", "weight", replace("weight", lambda w: w[None])),
     Invalid("weight dtype differs from x", "weight", replace("weight", lambda w: w.float()), TypeError),
     Invalid("negative eps", "eps", replace("eps", lambda e: -e)),
+    *EPS_NOT_FP32,
     Invalid(
         "transposed x (last-dim stride != 1)", "x", replace("x", lambda x: x.new_empty(x.shape[::-1]).t())
     ),
