@@ -140,7 +140,7 @@ def _attend_block(
     rows at or past ``kv_len`` and rows after the query's position ``pos``.
     """
     offs_d = tl.arange(0, HEAD_DIM)
-    offsets = keys[:, None] * stride_n + offs_d[None, :]
+    offsets = keys[:, None].to(tl.int64) * stride_n + offs_d[None, :]  # L * Hkv * D may pass 2**31
     # V is loaded with K, before the scores need K: a decode split is often one block, so
     # nothing else would overlap the two trips to memory.
     if MASKED:
@@ -204,7 +204,7 @@ def _prefill_kernel(
     row_ok = offs_m < S
     pos = seq_len - S + offs_m
     q = tl.load(
-        q_ptr + b * stride_qb + offs_m[:, None] * stride_qs + h * stride_qh + offs_d[None, :],
+        q_ptr + b * stride_qb + offs_m[:, None].to(tl.int64) * stride_qs + h * stride_qh + offs_d[None, :],
         mask=row_ok[:, None],
         other=0.0,
     )
@@ -612,6 +612,7 @@ def launch_prefill(
     """Launch the prefill kernel on checked arguments (``attention`` checks; sweeps call this)."""
     batch, seq, q_heads, dim = q.shape
     _, capacity, kv_heads, _ = k_cache.shape
+    validate.grid_axis("q", batch * q_heads, f"B x Hq = {batch} x {q_heads} (a program row per query head)")
     grid = (triton.cdiv(seq, config.block_m), batch * q_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, seq_lens, o, scale * LOG2E, seq, capacity, q_heads, kv_heads,
@@ -638,6 +639,9 @@ def launch_decode(
     _, capacity, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
     splits, split_size = decode_splits(batch, kv_heads, capacity, config)
+    validate.grid_axis(
+        "k_cache", batch * kv_heads, f"B x Hkv = {batch} x {kv_heads} (a program row per kv head)"
+    )
     _decode_split_kernel[(splits, batch * kv_heads)](
         q, k_cache, v_cache, seq_lens, scratch.acc, scratch.max, scratch.sum, o, scale * LOG2E, seq,
         capacity, q_heads, kv_heads, splits, split_size, q.stride(0), q.stride(1), q.stride(2),
