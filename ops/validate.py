@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -99,7 +100,7 @@ def positive(name: str, value: object, *, integer: bool = False, fp32: bool = Fa
         raise ValueError(f"{name}: expected {want}, got an int past the float range") from None
     if not 0 < scalar < math.inf:
         raise ValueError(f"{name}: expected {want}, got {value!r}")
-    if fp32 and not 0 < float(torch.tensor(scalar, dtype=torch.float32)) < math.inf:
+    if fp32 and not 0 < _as_fp32(scalar) < math.inf:
         raise ValueError(
             f"{name}: expected a positive finite number as an fp32 (the kernel computes in fp32: "
             f"{FP32_TINY:.4g} to {FP32_MAX:.4g}), got {value!r}"
@@ -118,6 +119,14 @@ def grid_axis(name: str, programs: int, what: str) -> None:
             f"{name}: {what} takes {programs} programs on the launch grid's second axis, past CUDA's "
             f"{MAX_GRID_YZ}: not supported"
         )
+
+
+def _as_fp32(value: float) -> float:
+    """``value`` rounded to fp32 on the host, no tensor made (a decode step under capture calls this)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # past fp32's range: inf there
+        return math.inf
 
 
 def pair(name: str, value: object) -> tuple[object, object]:
