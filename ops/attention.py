@@ -125,22 +125,30 @@ def _attend_block(
     q,
     k_base,
     v_base,
-    keys,
+    start,
     pos,
     kv_len,
     stride_n,
     qk_scale,
     HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One online-softmax step of the rows in ``acc`` over the cache rows ``keys``.
+    """One online-softmax step of the rows in ``acc`` over the cache rows ``start ..
+    start + BLOCK_N``.
 
     Unmasked steps cover rows every query may see (all below ``kv_len``); masked steps hide
     rows at or past ``kv_len`` and rows after the query's position ``pos``.
     """
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    offsets = keys[:, None].to(tl.int64) * stride_n + offs_d[None, :]  # L * Hkv * D may pass 2**31
+    keys = start + offs_n
+    # The block's first row in 64 bits, once per block (rows past 2**31 / stride_n, a cache of
+    # 2**31 elements a batch row, overflow 32); the offsets within the block stay 32-bit.
+    k_base += tl.cast(start, tl.int64) * stride_n  # an int in the interpreter's loop: no .to()
+    v_base += tl.cast(start, tl.int64) * stride_n
+    offsets = offs_n[:, None] * stride_n + offs_d[None, :]
     # V is loaded with K, before the scores need K: a decode split is often one block, so
     # nothing else would overlap the two trips to memory.
     if MASKED:
@@ -199,7 +207,6 @@ def _prefill_kernel(
     kv_len = tl.minimum(tl.maximum(seq_len, 0), L)
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < S
     pos = seq_len - S + offs_m
@@ -221,13 +228,13 @@ def _prefill_kernel(
     end = tl.maximum(tl.minimum(last + 1, kv_len), 0)
     for start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start + offs_n, pos, kv_len,
-            stride_n, qk_scale, HEAD_DIM, False, DOT_PRECISION,
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, BLOCK_N, False, DOT_PRECISION,
         )  # fmt: skip
     for start in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start + offs_n, pos, kv_len,
-            stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, start, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, BLOCK_N, True, DOT_PRECISION,
         )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0 only for a query that sees no row
@@ -306,7 +313,6 @@ def _decode_split_kernel(
     h = kvh * GROUP + rows % GROUP
     row_ok = i < S
     pos = seq_len - S + i
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(
         q_ptr + b * stride_qb + i[:, None] * stride_qs + h[:, None] * stride_qh + offs_d[None, :],
@@ -325,13 +331,13 @@ def _decode_split_kernel(
     full_end = start + (full_end - start) // BLOCK_N * BLOCK_N
     for n in range(start, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n + offs_n, pos, kv_len,
-            stride_n, qk_scale, HEAD_DIM, False, DOT_PRECISION,
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, BLOCK_N, False, DOT_PRECISION,
         )  # fmt: skip
     for n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n + offs_n, pos, kv_len,
-            stride_n, qk_scale, HEAD_DIM, True, DOT_PRECISION,
+            acc, m_i, l_i, q, k_ptr + kv_offset, v_ptr + kv_offset, n, pos, kv_len,
+            stride_n, qk_scale, HEAD_DIM, BLOCK_N, True, DOT_PRECISION,
         )  # fmt: skip
 
     out_rows = (b * S + i) * HQ + h
