@@ -320,6 +320,10 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.e2e", ("--prompt-ids", "1,x"), "--prompt-ids '1,x': expected comma-separated integers"),
         ("verify.e2e", ("--prompt-ids", "1,,2"), "--prompt-ids '1,,2': expected comma-separated integers"),
         ("verify.bisect", ("--inject", "rms_norm=torch:add@x"), "layers must be a number, a comma list"),
+        ("verify.bisect", ("--inject", "rms_norm=torch:add@\uff11"), "layers must be a number, a comma list"),
+        ("verify.bisect", ("--inject", "rms_norm=torch:add@1_0"), "layers must be a number, a comma list"),
+        ("verify.e2e", ("--prompt-ids", "\uff11,\uff12"), "expected comma-separated integers"),  # full-width
+        ("verify.e2e", ("--prompt-ids", "1_0"), "--prompt-ids '1_0': expected comma-separated integers"),
         ("verify.bisect", ("--inject", "rms_norm=torch:add@-1"), "layer -1 is out of range"),  # not the last
         (
             "verify.bisect",
@@ -975,3 +979,36 @@ def test_a_kv_cache_past_the_free_memory_is_refused_by_name(
     assert main(["--model", str(model), *args]) == 2
     err = capsys.readouterr().err
     assert asked in err and "GiB, more than the" in err and "GiB free on " in err, err
+
+
+def test_an_output_in_the_checkpoint_cache_is_refused_for_the_embedded_model(
+    tmp_path: Path, monkeypatch, capsys
+):
+    """No --model: the embedded checkpoint is read from the cache, whose files an output path
+    must not empty (a broken cached checkpoint fails every later run)."""
+    from verify import bisect, e2e
+
+    cache = tmp_path / "cache"
+    model = cache / "embedded-qwen3-0123456789ab"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("TRITONCHECK_CACHE", str(cache))
+    for main, option in ((e2e.main, "--json"), (bisect.main, "--json")):
+        assert main([option, str(model / "config.json")]) == 2
+        err = capsys.readouterr().err
+        assert f"is a file of the checkpoint cache {cache}, which this run reads" in err, err
+    assert (model / "config.json").read_text() == "{}"
+
+
+def test_e2e_prompt_the_tokenizer_cannot_encode_is_bad_usage(tmp_path: Path, monkeypatch, capsys) -> None:
+    from verify import e2e
+
+    class Refusing:
+        def __call__(self, text):
+            raise Exception("WordLevel error: Missing [UNK] token from the vocabulary")
+
+    model = str(tiny_checkpoint(tmp_path / "ckpt"))
+    monkeypatch.setattr(e2e, "_tokenizer", lambda directory: Refusing())
+    assert e2e.main(["--model", model, "--prompt", "zzz", "--new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--prompt: the tokenizer in {model} cannot encode it (Exception: WordLevel error" in err, err

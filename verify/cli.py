@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -186,10 +187,10 @@ def add_cache_argument(parser: argparse.ArgumentParser) -> None:
 
 def parse_ids(text: str) -> list[int]:
     """``--prompt-ids``: comma-separated token ids."""
-    try:
-        return [int(t) for t in text.split(",")] if text.strip() else []  # "1,,2": an error, not [1, 2]
-    except ValueError:
-        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+    parts = text.split(",") if text.strip() else []  # "1,,2": an error, not [1, 2]
+    if not all(re.fullmatch(r"\s*-?[0-9]+\s*", t) for t in parts):  # int() takes "1_0" and full-width digits
+        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers")
+    return [int(t) for t in parts]
 
 
 def checked_ids(option: str, ids: list[int], vocab: int) -> list[int]:
@@ -260,10 +261,16 @@ def impl_file(spec: str | None) -> str | None:
 
 
 def model_reads(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """What a model-level CLI reads (:func:`add_model_arguments`): the ``--model`` directory (a
-    preset reads nothing) and the ``--inject`` files; for :func:`check_output_file`."""
-    model = args.model if args.model and Path(args.model).is_dir() else None
-    return [("--model", model)] + [("--inject", impl_file(text)) for text in args.inject]
+    """What a model-level CLI reads (:func:`add_model_arguments`): the ``--model`` directory, or
+    for the embedded default and a preset the cache their checkpoints are built in, and the
+    ``--inject`` files; for :func:`check_output_file`."""
+    from model.embedded import default_cache_dir
+
+    if args.model and Path(args.model).is_dir():
+        model = ("--model", args.model)
+    else:  # a later check refuses a --model that is neither
+        model = ("the checkpoint cache", str(default_cache_dir()))
+    return [model] + [("--inject", impl_file(text)) for text in args.inject]
 
 
 def require_output_file(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:

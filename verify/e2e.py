@@ -246,7 +246,13 @@ def _prompt(
     tokenizer = None
     if args.prompt is not None:
         tokenizer = _tokenizer(directory)
-        ids = checked_ids("--prompt", tokenizer(args.prompt)["input_ids"], vocab)
+        try:
+            encoded = tokenizer(args.prompt)["input_ids"]
+        except Exception as exc:  # tokenizers raise their own kinds (a vocabulary without [UNK], ...)
+            raise UsageError(
+                f"--prompt: the tokenizer in {directory} cannot encode it ({type(exc).__name__}: {exc})"
+            ) from None
+        ids = checked_ids("--prompt", encoded, vocab)
     elif args.prompt_ids is not None:
         ids = checked_ids("--prompt-ids", parse_ids(args.prompt_ids), vocab)
     elif args.model is None:

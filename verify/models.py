@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -111,10 +112,9 @@ def parse_injection(text: str) -> Injection:
         raise UsageError(f"--inject {text!r}: unknown op {op!r}; injectable: {', '.join(INJECTABLE)}")
     if layers == "all":
         return Injection(op, impl, None)
-    try:
-        numbers = tuple(int(n) for n in layers.split(","))
-    except ValueError:
-        raise UsageError(f"--inject {text!r}: layers must be a number, a comma list or 'all'") from None
+    if not all(re.fullmatch(r"-?[0-9]+", n) for n in layers.split(",")):  # int() takes "1_0", " 1", "１"
+        raise UsageError(f"--inject {text!r}: layers must be a number, a comma list or 'all'")
+    numbers = tuple(int(n) for n in layers.split(","))
     twice = next((n for i, n in enumerate(numbers) if n in numbers[:i]), None)
     if twice is not None:  # not "already injected" by itself, as a second --inject would be
         raise UsageError(f"--inject {text!r}: layer {twice} is listed twice")
