@@ -714,3 +714,19 @@ def test_an_impl_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
     finally:
         sys.modules.pop("helpers_beside_impl", None)
     assert sys.path == path_before
+
+
+def test_a_recording_whose_arguments_share_memory_is_run_as_recorded(tmp_path: Path, capsys) -> None:
+    """v_cache recorded as the very tensor k_cache is: loaded, the two still share one buffer, so
+    the registered kernel refuses the call (exit 2) rather than a copy of each being verified."""
+    import torch
+
+    import registry
+    from verify import op
+
+    spec = registry.get("kv_cache_store")
+    k_cache, _, k, v, start = spec.build(spec.typical, torch.device("cpu")).args
+    path = tmp_path / "same_cache.pt"
+    torch.save({"op": "kv_cache_store", "args": (k_cache, k_cache, k, v, start)}, path)
+    assert op.main(["kv_cache_store", "--inputs", str(path)]) == 2
+    assert "the registered kernel refuses it: v_cache: shares memory with k_cache" in capsys.readouterr().err

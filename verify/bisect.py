@@ -175,7 +175,7 @@ def check_recorded_ops(
     """Run each Triton op of ``layer`` on the reference's inputs to that op; judge with the op's tolerance."""
     import registry
     from verify import cases
-    from verify.compare import check, clone_preserving_layout, describe_inputs
+    from verify.compare import check, clone_value, describe_inputs
 
     results = []
     for call, args, _ in trace.recorder.calls:
@@ -189,7 +189,7 @@ def check_recorded_ops(
         result = check(spec, case, impl, impl_specs.get((call.op, layer)))
         shapes = describe_inputs(case)
         if not result.passed:
-            on_cpu = tuple(clone_preserving_layout(a, "cpu") if torch.is_tensor(a) else a for a in args)
+            on_cpu = clone_value(args, "cpu")  # arguments sharing a buffer share its copy in the file
             file.parent.mkdir(parents=True, exist_ok=True)  # the directory is made when first needed
             torch.save({"op": call.op, "args": on_cpu}, file)
         worst = next((o for o in result.outputs if not o.passed), None)

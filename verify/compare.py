@@ -158,28 +158,42 @@ class CheckResult:
 # ---- copies, poisoning, outputs ----------------------------------------------------------------
 
 
-def clone_preserving_layout(t: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+def clone_preserving_layout(
+    t: torch.Tensor, device: torch.device | str | None = None, copies: dict | None = None
+) -> torch.Tensor:
     """A copy of ``t`` (on ``device``) with the same sizes, strides and offset into a copy of its
-    whole buffer: a view of a fused buffer stays a view, and the bytes around it come along."""
+    whole buffer: a view of a fused buffer stays a view, and the bytes around it come along.
+    ``copies`` holds the buffers one call's arguments copied so far: tensors sharing a buffer
+    share its copy, so a call whose arguments overlap (a cache and a view of it) stays that call."""
     device = t.device if device is None else torch.device(device)
-    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-    raw = raw.to(device, copy=True)
+    key = (t.device, t.untyped_storage().data_ptr())
+    raw = None if copies is None else copies.get(key)
+    if raw is None:
+        raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+        raw = raw.to(device, copy=True)
+        if copies is not None:
+            copies[key] = raw
     return torch.empty(0, dtype=t.dtype, device=device).set_(
         raw.untyped_storage(), t.storage_offset(), t.shape, t.stride()
     )
 
 
-def clone_value(value: Any) -> Any:
-    """Tensors (nested in tuples/lists too) copied with their layout; anything else as is."""
+def clone_value(value: Any, device: torch.device | str | None = None, copies: dict | None = None) -> Any:
+    """Tensors (nested in tuples/lists too) copied with their layout, those sharing a buffer into
+    one copy of it (``copies``: see :func:`clone_preserving_layout`); anything else as is."""
+    copies = {} if copies is None else copies
     if isinstance(value, torch.Tensor):
-        return clone_preserving_layout(value)
+        return clone_preserving_layout(value, device, copies)
     if isinstance(value, (tuple, list)):
-        return type(value)(clone_value(v) for v in value)
+        return type(value)(clone_value(v, device, copies) for v in value)
     return value
 
 
 def clone_args(case: Case) -> tuple[tuple, dict[str, Any]]:
-    return clone_value(case.args), {k: clone_value(v) for k, v in case.kwargs.items()}
+    """The case's arguments copied for one call, sharing buffers where the case's do."""
+    copies: dict = {}
+    args = clone_value(case.args, copies=copies)
+    return args, {k: clone_value(v, copies=copies) for k, v in case.kwargs.items()}
 
 
 def _buffer_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -93,7 +93,7 @@ def from_recording(spec, path: str) -> Case:
     from ops import backend
     from verify.cases import recorded
     from verify.cli import UsageError
-    from verify.compare import clone_preserving_layout
+    from verify.compare import clone_value
 
     try:
         saved = torch.load(path, weights_only=True)
@@ -119,9 +119,7 @@ def from_recording(spec, path: str) -> Case:
             )
     device = backend.device()
     try:
-        moved = tuple(
-            clone_preserving_layout(a, device) if isinstance(a, torch.Tensor) else a for a in saved["args"]
-        )
+        moved = clone_value(saved["args"], device)  # arguments sharing memory when recorded still do
     except Exception as exc:  # a tensor of some other kind torch cannot copy with its layout
         raise UsageError(
             f"--inputs {path}: not inputs saved by verify.bisect ({type(exc).__name__}: {exc})"
