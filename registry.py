@@ -156,6 +156,7 @@ register(OpSpec(
     "rope_cos_sin", rope.rope_cos_sin, references.rope.rope_cos_sin,
     s_rope.rope_cos_sin_params, s_rope.rope_cos_sin_build, (19,),
     s_rope.ROPE_COS_SIN_EXAMPLES, s_rope.ROPE_COS_SIN_INVALID,
+    precondition=references.rope.positions_past_judging,
 ))
 register(OpSpec(
     "apply_rope", rope.apply_rope, references.rope.apply_rope,

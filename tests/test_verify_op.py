@@ -208,6 +208,15 @@ def test_a_json_report_that_cannot_be_written_exits_2() -> None:
         (("--all", "--impl", "json"), "json has a function named after none of the ops (embedding, rms"),
         (("add", "rms_norm", "--impl", "tests/buggy_ops.py"), "tests/buggy_ops.py has no callable 'add'"),
         (("RMS_norm",), "unknown op 'RMS_norm'; did you mean 'rms_norm'? registered: add,"),
+        (  # the fp32 angle's own rounding there is past the max_error_ratio cap: no yardstick
+            (
+                "rope_cos_sin",
+                "--case",
+                '{"b": 2, "base": 1000000.0, "dtype": "float32", "pos_dtype": "int64", '
+                '"positions": "consecutive", "rotary_dim": 34, "s": 5, "seed": 0, "start": 16777216}',
+            ),
+            "not a valid rope_cos_sin call: positions: 16777220 is past 262144 (2**18)",
+        ),
     ],
 )
 def test_bad_usage_exits_2(args: tuple[str, ...], message: str) -> None:
