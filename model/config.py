@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,11 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 
 class ConfigError(ValueError):
     """A config this project cannot run faithfully."""
+
+
+def token_ids_in_vocab(ids: Sequence[object], vocab: int) -> bool:
+    """Whether every item is an int token id of the vocabulary (a bool is not one)."""
+    return all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in ids)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,33 @@ class ModelConfig:
             raise ConfigError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_kv_heads})"
+            )
+        # what from_hf_dict checks of a file, checked of a config built in code too
+        if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings <= 0:
+            raise ConfigError(
+                f"max_position_embeddings: expected a positive int, got {self.max_position_embeddings!r}"
+            )
+        if self.head_dim not in HEAD_DIMS:
+            raise ConfigError(
+                f"head_dim {self.head_dim} is not supported by the attention kernels ({HEAD_DIMS})"
+            )
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"{name}: expected a positive finite number, got {value!r}")
+        for name in ("tie_word_embeddings", "qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        # the family fixes these (model_type is all a config.json says of them): another pairing
+        # would save a checkpoint that HF loads as another model and the loader refuses
+        for name, implied in (("qkv_bias", self.family == "qwen2"), ("qk_norm", self.family == "qwen3")):
+            if getattr(self, name) != implied:
+                raise ConfigError(
+                    f"{name}: family {self.family} implies {implied}, got {getattr(self, name)}"
+                )
+        if not token_ids_in_vocab(self.eos_token_ids, self.vocab_size):
+            raise ConfigError(
+                f"eos_token_ids: expected token ids in [0, {self.vocab_size}), got {self.eos_token_ids}"
             )
 
     @property
@@ -232,11 +265,6 @@ def from_hf_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
         return _parse(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-
-
-def token_ids_in_vocab(ids: Sequence[object], vocab: int) -> bool:
-    """Whether every item is an int token id of the vocabulary (a bool is not one)."""
-    return all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < vocab for e in ids)
 
 
 def _parse(cfg: dict) -> ModelConfig:

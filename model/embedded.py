@@ -143,6 +143,8 @@ def ensure(family: str = DEFAULT_FAMILY, cache_dir: Path | None = None, *, steps
     temporary sibling that is renamed into place whole, so no one ever sees half a checkpoint.
     ``steps`` overrides the recipe's training steps (tests use a short run); it is part of the key.
     """
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps: expected a positive int, got {steps!r}")
     recipe = _recipe(family, steps)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"embedded-{family}-{_digest(recipe)}"

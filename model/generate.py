@@ -75,6 +75,8 @@ def generate(
     """
     if runner is not None and runner.model is not model:  # it would decode over another cache
         raise ValueError("runner: a DecodeRunner over another model; build it over this one")
+    if runner is not None and runner.new_tokens != 1:  # a prefill runner: one token a step is decode's
+        raise ValueError(f"runner: a DecodeRunner of {runner.new_tokens} tokens a step; decode takes one")
     check_prompt(ids, model, max_new_tokens, eos_token_ids)
     ids = ids.to(model.weights.embed.device)
     batch, length = ids.shape

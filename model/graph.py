@@ -24,7 +24,11 @@ class DecodeRunner:
     ) -> None:
         if batch != model.max_batch:  # the decoder runs the whole cache batch
             raise ValueError(f"batch: {batch} differs from the model's cache batch {model.max_batch}")
-        if not 0 < new_tokens <= model.max_seq:
+        if (
+            isinstance(new_tokens, bool)
+            or not isinstance(new_tokens, int)
+            or not 0 < new_tokens <= model.max_seq
+        ):
             raise ValueError(f"new_tokens: {new_tokens} must be in 1..{model.max_seq} (the cache capacity)")
         self.model, self.batch, self.new_tokens = model, batch, new_tokens
         device = model.weights.embed.device
@@ -81,6 +85,20 @@ class DecodeRunner:
         ``self.logits`` until the next step. A host-int position is checked against the cache;
         a tensor one is not (reading it back would be a host sync).
         """
+        want = self.batch * self.new_tokens
+        if (
+            not isinstance(tokens, torch.Tensor)
+            or tokens.dtype not in (torch.int32, torch.int64)
+            or tokens.numel() != want
+        ):
+            got = (
+                f"{tokens.dtype} {tuple(tokens.shape)}"
+                if isinstance(tokens, torch.Tensor)
+                else type(tokens).__name__
+            )
+            raise ValueError(
+                f"tokens: expected {want} int32 or int64 token ids ([B] or [B, new_tokens]), got {got}"
+            )
         self.ids.copy_(tokens.view(self.batch, self.new_tokens))
         if isinstance(position, torch.Tensor):
             self.start_pos.copy_(position)

@@ -21,6 +21,8 @@ from model.embedded import default_cache_dir
 
 def checkpoint(name: str, seed: int = 0) -> Path:
     """The directory of preset ``name``'s random checkpoint, built on first use."""
+    if name not in PRESETS:
+        raise ValueError(f"name: {name!r} is not a preset; expected one of {', '.join(PRESETS)}")
     target = default_cache_dir() / f"preset-{name}-seed{seed}"
     if (target / "config.json").is_file():
         return target

@@ -285,6 +285,7 @@ def load(
     dtype: torch.dtype = torch.bfloat16,
 ) -> Weights:
     """Read and check every tensor of a checkpoint directory, fusing q/k/v and gate/up on ``device``."""
+    _check_dtype(dtype)
     directory = Path(directory)
     files = _weight_map(directory)
     present = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
@@ -367,10 +368,18 @@ def load(
     return weights
 
 
+def _check_dtype(dtype: torch.dtype) -> None:
+    """The model's weights are one of the float dtypes the kernels take (an int dtype would load,
+    truncated, and fail at the first forward)."""
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"dtype: expected torch.bfloat16, torch.float16 or torch.float32, got {dtype}")
+
+
 def random_weights(
     config: ModelConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0
 ) -> Weights:
     """Random weights of the real size (benchmarks, GPU e2e of the presets), built on ``device``."""
+    _check_dtype(dtype)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     c, dev = config, torch.device(device)
@@ -425,4 +434,6 @@ def save(weights: Weights, directory: str | Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in hf_tensors(weights).items()}
     save_file(tensors, str(directory / SINGLE_FILE), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(to_hf_dict(weights.config), indent=2))
+    stored = str(weights.embed.dtype).removeprefix("torch.")  # config.json says what the file holds
+    config = to_hf_dict(weights.config) | {"dtype": stored}
+    (directory / "config.json").write_text(json.dumps(config, indent=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 
 import pytest
@@ -385,3 +386,57 @@ def test_loaded_weights_reach_linear_as_static_and_other_impls_never_see_the_key
     layers = c.num_layers
     assert seen == [(c.hidden_size, True), (c.hidden_size, True)] * layers + [(c.vocab_size, True)]
     ref_model.forward(ids, start)  # the reference linear takes no static_weight: it must not be passed
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"qk_norm": False}, "qk_norm: family qwen3 implies True, got False"),
+        ({"qkv_bias": True}, "qkv_bias: family qwen3 implies False, got True"),
+        ({"rope_theta": -5.0}, "rope_theta: expected a positive finite number, got -5.0"),
+        ({"rms_norm_eps": float("nan")}, "rms_norm_eps: expected a positive finite number, got nan"),
+        ({"head_dim": 24}, "head_dim 24 is not supported by the attention kernels"),
+        ({"tie_word_embeddings": "no"}, "tie_word_embeddings: expected a bool, got 'no'"),
+        ({"eos_token_ids": (500,)}, "eos_token_ids: expected token ids in [0, 120), got (500,)"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings: expected a positive int, got 0"),
+    ],
+)
+def test_a_config_built_in_code_is_checked_as_a_file_is(changes: dict, message: str) -> None:
+    """A config the loader would refuse, or whose checkpoint HF would read as another model
+    (qwen3 without its q/k norms), is refused when built, not at the first forward."""
+    good = ModelConfig("qwen3", 120, 64, 72, 2, 4, 2, 16, rope_theta=1e4, qk_norm=True)
+    with pytest.raises(model_config.ConfigError, match=re.escape(message)):
+        good.replace(**changes)
+
+
+def test_weights_keep_their_dtype_and_refuse_others(tmp_path) -> None:
+    """config.json states the dtype the tensors are stored in; an int dtype is refused, not
+    loaded truncated to fail at the first forward."""
+    import json
+
+    cfg = ModelConfig("qwen3", 120, 64, 72, 2, 4, 2, 16, rope_theta=1e4, qk_norm=True)
+    model_weights.save(model_weights.random_weights(cfg, "cpu", dtype=torch.float32), tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float32"
+    for call in (
+        lambda: model_weights.load(tmp_path, cfg, "cpu", dtype=torch.int32),
+        lambda: model_weights.random_weights(cfg, "cpu", dtype=torch.float64),
+    ):
+        with pytest.raises(
+            ValueError, match=r"dtype: expected torch.bfloat16, torch.float16 or torch.float32"
+        ):
+            call()
+
+
+def test_a_decode_runner_refuses_tokens_it_cannot_take_and_generate_a_prefill_runner() -> None:
+    _, tri = _models()
+    prefill(tri, torch.tensor([[5, 6, 7, 8]], device=DEVICE))
+    runner = DecodeRunner(tri, 1)
+    for tokens in (torch.tensor([3.9], device=DEVICE), torch.tensor([1, 2], device=DEVICE), [3]):
+        with pytest.raises(ValueError, match=r"^tokens: expected 1 int32 or int64 token ids"):
+            runner.step(tokens, 4)
+    with pytest.raises(ValueError, match=r"^runner: a DecodeRunner of 3 tokens a step; decode takes one"):
+        generate(
+            tri, torch.tensor([[5, 6, 7, 8]], device=DEVICE), 2, runner=DecodeRunner(tri, 1, new_tokens=3)
+        )
+    with pytest.raises(ValueError, match=r"^new_tokens: 2 must be in"):
+        DecodeRunner(tri, 1, new_tokens="2")

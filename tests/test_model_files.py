@@ -642,3 +642,13 @@ def test_parsing_a_config_imports_no_triton(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], check=True, cwd=ROOT, env=user_env(), timeout=120
     )
+
+
+def test_a_bad_preset_name_or_training_length_is_named() -> None:
+    from model import embedded, presets
+
+    with pytest.raises(ValueError, match=r"^name: 'nope' is not a preset; expected one of article"):
+        presets.checkpoint("nope")
+    for steps in (0, -3):
+        with pytest.raises(ValueError, match=rf"^steps: expected a positive int, got {steps}"):
+            embedded.ensure("qwen3", Path("/nonexistent"), steps=steps)
