@@ -214,7 +214,7 @@ register(OpSpec(
 register(OpSpec(
     "splitk_reduce", gemm.splitk_reduce, references.gemm.splitk_reduce,
     s_gemm.splitk_reduce_params, s_gemm.splitk_reduce_build, (21,),
-    s_gemm.SPLITK_REDUCE_EXAMPLES, s_gemm.SPLITK_REDUCE_INVALID,
+    s_gemm.SPLITK_REDUCE_EXAMPLES, s_gemm.SPLITK_REDUCE_INVALID, sums_products=True,
 ))
 register(OpSpec(  # decode's QKV GEMM with qk-norm models: the norm before it in its prologue
     "add_rms_norm_linear", fused_linear.add_rms_norm_linear, references.fused_linear.add_rms_norm_linear,

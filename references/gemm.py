@@ -25,8 +25,13 @@ def linear_splitk(
 
 
 def splitk_reduce(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """The partials added one split after another, as a split-K reduce does, then rounded once."""
-    total = acc(partials[0])
+    """The partials added one split after another, as a split-K reduce does, then rounded once.
+
+    The partials are fp32 by contract and every reduce of them adds in fp32 at least, so the
+    sum stays in their dtype (fp64 for the oracle) whatever the compute dtype: plain torch
+    "in bf16" is the same fp32 sum, rounded once."""
+    wide = torch.promote_types(partials.dtype, torch.float32)
+    total = partials[0].to(wide)
     for partial in partials[1:]:
-        total = total + acc(partial)
+        total = total + partial.to(wide)
     return out(total, out_dtype)

@@ -365,3 +365,25 @@ def test_fp32_floor_is_an_ulp_of_the_summed_terms_and_still_catches_a_dropped_te
     assert check(spec, case).passed
     dropped = check(spec, case, lambda x, w, bias=None: gemm.linear(x[:, :-1], w[:, :-1], bias))
     assert not dropped.passed
+
+
+@pytest.mark.parametrize("order", ["reverse", "fp64"])
+def test_splitk_reduce_in_another_order_is_verified(order: str) -> None:
+    """Where large partials cancel, another fp32 order (or an exact fp64 sum) differs from the
+    reference's order by ulps of the partials, far more than of the output: still right."""
+    from verify.cases import Case
+
+    def reduce(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        if order == "fp64":
+            return partials.double().sum(0).to(out_dtype)
+        total = partials[-1].clone()
+        for partial in reversed(partials[:-1]):
+            total = total + partial
+        return total.to(out_dtype)
+
+    spec = registry.get("splitk_reduce")
+    params = {"dist": "large", "dtype": "float32", "m": 1, "n": 32, "pad": 0, "s": 3, "seed": 0}
+    case = spec.build(params, DEVICE)
+    assert isinstance(case, Case)
+    result = check(spec, case, reduce, order)
+    assert result.passed, result.outputs[0].reason
