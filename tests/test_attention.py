@@ -404,3 +404,13 @@ def test_a_cache_past_two_to_the_31_elements_a_batch_row_is_addressed_in_int64(p
     torch.testing.assert_close(
         out[0, -1].float(), torch.full_like(out[0, -1], 1 / capacity).float(), rtol=0.01, atol=0
     )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_ragged_draw_has_lengths_that_differ_and_only_then_the_label(seed: int) -> None:
+    """"ragged" with one row of prefix used to draw equal lengths half the time, labelled ragged
+    all the same: a kernel using seq_lens[0] for every row passed every drawn case."""
+    ragged = _case(b=2, s=1, past=1, lens="ragged", seed=seed)
+    lengths = ragged.args[3].tolist()
+    assert lengths[0] != lengths[1] and "seq_lens ragged" in ragged.labels
+    assert "seq_lens ragged" not in _case(b=2, lens="same", seed=seed).labels

@@ -79,9 +79,11 @@ def capacity(params: dict) -> int:
 def _seq_lens(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     b, s, longest, cap = params["b"], params["s"], params["s"] + params["past"], capacity(params)
     kind = choice(params, "lens", LENS)
-    if kind == "ragged":  # row 0 the longest, the others anywhere in [S, longest]
+    if kind == "ragged":  # row 0 the longest, the last S (so they differ), the others in between
         lens = torch.randint(s, longest + 1, (b,), generator=gen, device=device)
         lens[:1] = longest
+        if b > 1:
+            lens[-1] = s
     elif kind == "past_capacity":  # a device value past L: rows beyond L do not exist. Just past
         # L, or up to 600 rows past (beyond the longest decode tile, 512 rows at head_dim 16 on the
         # GPU), so that the tile holding row L-1 looks full to a kernel that does not clamp to L
@@ -138,10 +140,10 @@ def _labels(params: dict, seq_lens: torch.Tensor) -> tuple[str, ...]:
         out.append("decode (S = 1) after a prefix" if s == 1 else "chunked prefill (seq_len > S)")
     elif s == 1 and params["lens"] != "past_capacity":
         out.append("seq_len = 1")
-    if params["lens"] != "same" and params["b"] > 1:
-        out.append(f"seq_lens {params['lens']}")
-    elif params["lens"] == "past_capacity":
+    if params["lens"] == "past_capacity":
         out.append("seq_len past capacity")
+    if seq_lens.numel() and bool((seq_lens != seq_lens[0]).any()):  # the drawn lengths, not the kind
+        out.append("seq_lens ragged")
     if bool((seq_lens < capacity(params)).any()):  # garbage rows a kernel must not read
         out.append("stale cache rows past seq_len")
     out.append("non-contiguous")
