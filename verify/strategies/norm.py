@@ -91,6 +91,7 @@ RMS_NORM_EXAMPLES = (
     _example("qwen3 qk-norm on the fused QKV output", [1, 256, 16], 128, head_gap=16),
     _example("intermediate width 4864, strided", [2, 7], 4864, pad=5, gpu=False),
     _example("tiny values hit eps", [3], 1024, dist="tiny", eps=1e-5, gpu=False),
+    _example("fp16 large values: squares overflow fp16", [2], 96, dist="large", dtype="float16", gpu=False),
 )
 # add_rms_norm takes every shape but the qk-norm head view (the model's qk-norm adds nothing)
 ADD_RMS_NORM_EXAMPLES = (

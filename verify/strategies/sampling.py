@@ -9,7 +9,7 @@ from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator,
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, padding, replace
 
-PATTERNS = ("random", "ties", "nan", "neg_inf", "constant", "nan_last")
+PATTERNS = ("random", "ties", "nan", "neg_inf", "constant", "nan_last", "max_last")
 
 
 def argmax_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -40,6 +40,8 @@ def argmax_build(params: dict, device: torch.device) -> Case:
         logits[:, :] = 1.5
     elif pattern == "nan_last":  # the only NaN at the row's last index
         logits[:, vocab - 1] = float("nan")
+    elif pattern == "max_last":  # the maximum at the last index: in a chunked scan, the tail chunk's
+        logits[:, vocab - 1] = logits.max() + 1
     logits = logits.to(dtype_of(params))[:, :vocab]
     labels = [*labels_for(params, V=vocab, B=b), f"pattern {pattern}"]
     if params["pad"]:
@@ -65,6 +67,9 @@ ARGMAX_EXAMPLES = (
     _example("typical: 3 rows of 129 with ties", 3, 129, "ties", gpu=False),
     _example("NaN in short rows", 2, 77, "nan", gpu=False),
     _example("the only NaN at the last index", 2, 300, "nan_last", gpu=False),  # 20 draws may miss both
+    # the maximum in a last, partial chunk: 4100 = 2 x 2048 + 4 on the GPU, 16 x 256 + 4 on CPU
+    _example("the maximum at the last index, in a 4-wide tail chunk", 1, 4100, "max_last", gpu=False),
+    _example("article logits, the maximum in the last chunk", 1, 151936, "max_last", gpu=False),
     _example("article decode logits", 1, 151936, "random", gpu=False),
     _example("batch 4 with ties at 151936", 4, 151936, "ties", dtype="float32"),
     _example("NaN in the logits", 2, 151936, "nan"),
