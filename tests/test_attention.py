@@ -408,7 +408,7 @@ def test_a_cache_past_two_to_the_31_elements_a_batch_row_is_addressed_in_int64(p
 
 @pytest.mark.parametrize("seed", range(8))
 def test_a_ragged_draw_has_lengths_that_differ_and_only_then_the_label(seed: int) -> None:
-    """"ragged" with one row of prefix used to draw equal lengths half the time, labelled ragged
+    """ "ragged" with one row of prefix used to draw equal lengths half the time, labelled ragged
     all the same: a kernel using seq_lens[0] for every row passed every drawn case."""
     ragged = _case(b=2, s=1, past=1, lens="ragged", seed=seed)
     lengths = ragged.args[3].tolist()

@@ -68,6 +68,7 @@ def test_bisect_clean_model_verifies(tmp_path: Path) -> None:
     assert report["prompt"] == (list(embedded.default_prompt()) * 2)[:8]  # --prompt-ids takes it back
     # decode steps sit after the 8-token prompt, one position each
     assert report["steps"] == ["prefill", "decode step 1 (position 8)", "decode step 2 (position 9)"]
+    assert report["ops"].startswith("fused ops (") and report["ops"] in run.stdout  # as the header says
     assert not (tmp_path / "repros").exists()  # nothing failed: no repro directory made
 
 
@@ -167,6 +168,7 @@ def test_e2e_clean_model_has_token_parity(tmp_path: Path) -> None:
         s["against"]["triton"]["max_abs_diff"] <= calibration["drift_tolerance"] for s in data["steps"]
     )
     assert data["injected"] == []
+    assert data["ops"].startswith("fused ops (") and data["ops"] in run.stdout
 
 
 def test_e2e_over_a_mostly_empty_cache_has_token_parity(tmp_path: Path) -> None:

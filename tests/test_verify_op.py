@@ -245,6 +245,9 @@ def test_several_ops_are_each_reported_then_summed_up(tmp_path: Path) -> None:
     assert summary[-1] == "VERIFIED: all 2 ops"
     data = json.loads(report.read_text())
     assert data["passed"] and data["not_run"] == [] and data["not_in_impl"] == []
+    first = data["ops"][0]  # how the cases were searched, as the header prints it
+    assert (first["examples_requested"], first["seed"], first["profile"]) == (5, None, data["profile"])
+    assert f"profile {data['profile']}" in run.stdout
     assert [(r["op"], r["impl"], r["cases"]) for r in data["ops"]] == [
         ("add", "references.elementwise:add", 5), ("silu_mul", "references.elementwise:silu_mul", 5),
     ]  # fmt: skip

@@ -90,6 +90,7 @@ class Report:
     injected: list[dict]
     cache_len: int = 0  # the KV cache's rows
     prompt: list[int] = field(default_factory=list)  # the prefill's token ids (--prompt-ids takes them)
+    ops: str = ""  # fused or unfused, as the header says
     verdict: str = "VERIFIED"  # or "DIVERGES"
     steps: list[str] = field(default_factory=list)
     layers: list[LayerResult] = field(default_factory=list)
@@ -522,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
 
         watchdog = Watchdog(args.timeout, hung)
         models = model_loading.load(directory, config, device, 1, max_seq, injections, watchdog)
+        report.ops = model_loading.describe_ops(models)
         free = triton_model.build(models.weights, 1, max_seq, models.triton.fused)
         model_loading.apply_injections(free, injections, watchdog)
     except model_loading.UsageError as exc:

@@ -408,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
 
         watchdog = Watchdog(args.timeout, hung)
         models = model_loading.load(directory, config, device, 1, max_seq, injections, watchdog)
+        run_json["ops"] = model_loading.describe_ops(models)  # fused or unfused, as the header says
     except UsageError as exc:
         print(f"verify.e2e: {exc}", file=sys.stderr)
         return 2

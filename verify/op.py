@@ -293,7 +293,14 @@ def _one_case(args: argparse.Namespace, chosen: Chosen, profile: str) -> int:
     print(result.describe())
     cli.write_json(
         args.json,
-        {"op": spec.name, "impl": chosen.label, "backend": backend.name(), **result.as_json(), "hung": False},
+        {
+            "op": spec.name,
+            "impl": chosen.label,
+            "backend": backend.name(),
+            "profile": profile,
+            **result.as_json(),
+            "hung": False,
+        },
     )
     return 0 if result.passed else 1
 
@@ -357,6 +364,9 @@ def _property_run(args: argparse.Namespace, chosen: Chosen, profile: str, summar
         "op": spec.name,
         "impl": chosen.label,
         "backend": backend.name(),
+        "profile": profile,  # how the cases were searched: the profile, --seed and --examples given
+        "seed": args.seed,
+        "examples_requested": args.examples,
         "passed": outcome.passed,
         "examples": outcome.examples,
         "cases": outcome.cases,

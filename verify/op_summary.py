@@ -59,6 +59,7 @@ class Summary:
         return {
             "impl": self.impl,
             "backend": self.backend,
+            "profile": self.profile,
             "passed": self.passed,
             "ops": self.reports,
             "not_run": self.not_run,
