@@ -291,7 +291,14 @@ def load(
     present = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
     _check_layer_count(directory, config.num_layers, present)
     shapes = expected_shapes(config)
-    stored_head = config.tie_word_embeddings and "lm_head.weight" in present
+    embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
+    # the config's name -> the name it is stored under: a tied checkpoint may hold its one matrix
+    # as the head alone, which HF ties to the embedding the same way
+    alias = {}
+    if config.tie_word_embeddings and head_name in present and embed_name not in present:
+        alias = {embed_name: head_name}
+        present = (present - {head_name}) | {embed_name}
+    stored_head = config.tie_word_embeddings and head_name in present
     if stored_head:  # some tied checkpoints store the copy anyway: checked against the embedding below
         present.discard("lm_head.weight")
     missing = sorted(set(shapes) - present)
@@ -315,7 +322,7 @@ def load(
             f"{directory}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]} in {where}"
         )
     head_shape = {"lm_head.weight": (config.vocab_size, config.hidden_size)} if stored_head else {}
-    _check_headers(files, shapes | head_shape)
+    _check_headers(files, {alias.get(n, n): s for n, s in shapes.items()} | head_shape)
 
     c = config
     dev = torch.device(device)
@@ -342,8 +349,8 @@ def load(
         "mlp.up_proj.weight": ("gate_up", slice(inter, 2 * inter)),
         "mlp.down_proj.weight": ("down", slice(None)),
     }
-    for name, tensor in _tensors(files, sorted(shapes)):
-        if name == "model.embed_tokens.weight":
+    for name, tensor in _tensors(files, sorted(alias.get(n, n) for n in shapes)):
+        if name == embed_name or name in alias.values():
             target = embed
         elif name == "model.norm.weight":
             target = final_norm

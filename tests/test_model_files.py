@@ -652,3 +652,15 @@ def test_a_bad_preset_name_or_training_length_is_named() -> None:
     for steps in (0, -3):
         with pytest.raises(ValueError, match=rf"^steps: expected a positive int, got {steps}"):
             embedded.ensure("qwen3", Path("/nonexistent"), steps=steps)
+
+
+def test_a_tied_checkpoint_holding_only_the_head_loads_it_as_the_embedding(tmp_path: Path) -> None:
+    """Tied, with its one matrix stored as lm_head.weight: HF ties it to the embedding, so does
+    the loader (it used to refuse the embedding as missing)."""
+    cfg = TINY["qwen3"]
+    tensors = _tensors(cfg)
+    tensors["lm_head.weight"] = torch.randn(tensors["model.embed_tokens.weight"].shape).to(torch.bfloat16)
+    del tensors["model.embed_tokens.weight"]
+    _write(tmp_path, tensors, cfg)
+    w = model_weights.load(tmp_path, cfg, "cpu")
+    assert torch.equal(w.embed, tensors["lm_head.weight"]) and w.lm_head is w.embed
