@@ -69,7 +69,6 @@ MAX_SPLITS = 128  # caps the combine kernel's work and the scratch size
 COMBINE_CHUNK = 32  # splits the combine kernel loads at once
 COMBINE_BLOCK_D = 64  # head dims per combine program: a D=128 row is two programs
 LOG2E = 1.4426950408889634
-FP32_MAX = 3.4028234663852886e38
 # Integer sizes the kernels take at run time but do not specialize on (Triton otherwise compiles
 # a variant per size that is 1 or a multiple of 16): here they only bound loops and masks, and
 # K/V addresses stay 16-byte aligned through the HEAD_DIM constexpr. Without this the thorough
@@ -583,9 +582,10 @@ def _check_args(
     validate.tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,))
     validate.shape("seq_lens", seq_lens, (batch,), "one length per batch entry")
     scale = validate.positive("scale", scale)
-    if scale * LOG2E > FP32_MAX:  # the kernels scale by it in fp32: it would be inf there
+    if scale * LOG2E > validate.FP32_MAX:  # the kernels scale by it in fp32: it would be inf there
         raise ValueError(
-            f"scale: expected at most {FP32_MAX / LOG2E:.4g} (scale * log2(e) is an fp32), got {scale!r}"
+            f"scale: expected at most {validate.FP32_MAX / LOG2E:.4g} (scale * log2(e) is an fp32), "
+            f"got {scale!r}"
         )
     return scale
 

@@ -24,6 +24,7 @@ from ops import (
     norm,
     rope,
     rope_kv_store,
+    validate,
 )
 from references import norm as ref_norm
 
@@ -221,7 +222,7 @@ def test_numpy_scalars_pass_and_tensors_are_refused_as_scalars() -> None:
 def test_a_scale_that_overflows_the_kernels_fp32_is_refused() -> None:
     q, cache = randn(1, 1, 1, 64), randn(1, 8, 1, 64)
     seq_lens = torch.full((1,), 4, dtype=torch.int32, device=DEVICE)
-    limit = attention.FP32_MAX / attention.LOG2E
+    limit = validate.FP32_MAX / attention.LOG2E
     with pytest.raises(ValueError, match=r"scale: expected at most 2\.359e\+38"):
         attention.attention(q, cache, cache.clone(), seq_lens, 1.001 * limit)
     assert (

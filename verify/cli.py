@@ -94,15 +94,16 @@ def exit_with(main: Callable[[], int]) -> None:
         print("interrupted", file=sys.stderr)
         status = 130
     except UsageError as exc:
-        print(f"{_prog(main)}: {exc}", file=sys.stderr)
+        print(f"{prog(main.__module__)}: {exc}", file=sys.stderr)
         status = 2
     sys.exit(status)
 
 
-def _prog(main: Callable[[], int]) -> str:
-    """The CLI's name as ``python -m`` ran it (``verify.op``; ``verify.bench`` for its ``__main__``)."""
-    spec = getattr(sys.modules.get(main.__module__), "__spec__", None)
-    return spec.name.removesuffix(".__main__") if spec is not None else main.__module__
+def prog(module: str = "__main__") -> str:
+    """The CLI's name as ``python -m`` ran ``module`` (``verify.op``; ``verify.bench`` for its
+    ``__main__``)."""
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return spec.name.removesuffix(".__main__") if spec is not None else module
 
 
 def counted(n: int, noun: str) -> str:

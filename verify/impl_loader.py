@@ -43,10 +43,10 @@ def load_module(target: str, option: str = "--impl", timeout: float | None = Non
     from verify.watchdog import Watchdog
 
     def hung(subject: str, seconds: float) -> None:
-        main = getattr(sys.modules["__main__"], "__spec__", None)  # python -m verify.op: its name
-        prog = f"{main.name}: " if main is not None else ""
+        from verify.cli import prog
+
         print(
-            f"{prog}{option}: importing {subject} did not finish in {seconds:g} s (--timeout)",
+            f"{prog()}: {option}: importing {subject} did not finish in {seconds:g} s (--timeout)",
             file=sys.stderr,
         )
 
