@@ -25,7 +25,8 @@ SCORES = ("scores large", "scores very_negative", "scores ties")
 ATTENTION = (
     "S = 1", "S = 2", "S tail", *GROUPS, *SCORES, "chunked prefill (seq_len > S)",
     "decode (S = 1) after a prefix", "seq_len = 1", "seq_lens ragged", "seq_len past capacity",
-    "stale cache rows past seq_len", "head_dim 64", "head_dim 128", "head_dim 256",
+    "stale cache rows past seq_len", "head_dim 64", "head_dim 128", "head_dim 256", "scale 1", "scale 0.3",
+    "longest row not the first",
 )  # fmt: skip
 FUSED_QKV_GROUPS = tuple(f"group {g}" for g in (1, 2, 4, 7, 8))
 ROPE_COS_SIN = (
@@ -54,7 +55,7 @@ VALUE_CLASSES = {
     **dict.fromkeys(("rope_cos_sin", "attention", "attention_prefill", "attention_decode"), ()),
 }
 LAYOUTS = ("x contiguous", "x column_slice", "weight contiguous", "weight row_slice", "weight column_slice")
-PATTERNS = tuple(f"pattern {p}" for p in ("ties", "nan", "nan_last", "neg_inf"))
+PATTERNS = tuple(f"pattern {p}" for p in ("ties", "nan", "nan_last", "neg_inf", "negative"))
 SPLIT_K = ("K not divisible by split_k", "preallocated partials", "split_k 16")
 KV_LAYOUTS = ("k/v qkv_slices", "k/v k_contiguous", "k/v v_contiguous")
 ROPE_KV_LAYOUTS = tuple(f"layout {k}" for k in ("separate", "mixed", "fused_padded", "heads_padded_mixed"))

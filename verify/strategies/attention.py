@@ -19,6 +19,9 @@ from verify.strategies.common import Invalid, labels_for, replace
 GROUPS = (1, 2, 4, 7, 8)  # q heads per kv head: MHA, the article (4), Qwen2.5-0.5B (7), ...
 SCORES = ("normal", "large", "very_negative", "ties")
 LENS = ("same", "ragged", "past_capacity")
+# the softmax scale given to the op: the models' 1/sqrt(D), none, and one that is neither (a kernel
+# that ignores the argument and uses 1/sqrt(D) passes the first alone)
+SCALES = {"1/sqrt(D)": lambda d: 1.0 / math.sqrt(d), "1": lambda d: 1.0, "0.3": lambda d: 0.3}
 GARBAGE = 100.0  # magnitude of cache rows past seq_len: a kernel that reads them is far off
 
 
@@ -57,6 +60,7 @@ def _attention_params(draw: st.DrawFn, limits: Limits, decode_only: bool) -> dic
         "slack": draw(st.one_of(st.just(0), st.integers(1, 17))),  # capacity past the longest row
         "lens": lens,
         "scores": draw(st.sampled_from(SCORES)),
+        "scale": draw(st.sampled_from(tuple(SCALES))),
         "q_offset": draw(st.integers(0, 3)),  # q starts this many heads into the fused QKV row
         "dtype": draw(dtype_name()),
         "seed": draw(seed()),
@@ -79,11 +83,13 @@ def capacity(params: dict) -> int:
 def _seq_lens(params: dict, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     b, s, longest, cap = params["b"], params["s"], params["s"] + params["past"], capacity(params)
     kind = choice(params, "lens", LENS)
-    if kind == "ragged":  # row 0 the longest, the last S (so they differ), the others in between
+    if kind == "ragged":  # one row the longest, another S (so they differ), in drawn places (a
+        # kernel reading one row's length for all passes whenever that row is the longest)
         lens = torch.randint(s, longest + 1, (b,), generator=gen, device=device)
-        lens[:1] = longest
+        rows = torch.randperm(b, generator=gen, device=device)
+        lens[rows[0]] = longest
         if b > 1:
-            lens[-1] = s
+            lens[rows[1]] = s
     elif kind == "past_capacity":  # a device value past L: rows beyond L do not exist. Just past
         # L, or up to 600 rows past (beyond the longest decode tile, 512 rows at head_dim 16 on the
         # GPU), so that the tile holding row L-1 looks full to a kernel that does not clamp to L
@@ -127,7 +133,8 @@ def attention_build(params: dict, device: torch.device) -> Case:
     qkv = values((b, s, off + hq + 2 * hkv, d), dtype, "normal", gen, device)
     qkv[:, :, off : off + hq] = q.to(dtype)
     q_view = qkv[:, :, off : off + hq]
-    args = (q_view, k.to(dtype), v.to(dtype), seq_lens, 1.0 / math.sqrt(d))
+    scale = SCALES[choice(params, "scale", tuple(SCALES), "1/sqrt(D)")](d)
+    args = (q_view, k.to(dtype), v.to(dtype), seq_lens, scale)
     return Case(params, args, labels=_labels(params, seq_lens))
 
 
@@ -135,6 +142,7 @@ def _labels(params: dict, seq_lens: torch.Tensor) -> tuple[str, ...]:
     s, past, g = params["s"], params["past"], params["group"]
     out = labels_for(params, S=s, L=capacity(params), B=params["b"])
     out += [f"GQA group {g}", f"head_dim {params['head_dim']}", f"scores {params['scores']}"]
+    out.append(f"scale {params.get('scale', '1/sqrt(D)')}")
     out.append("decode path" if uses_decode_path(s, g) else "prefill path")
     if past:
         out.append("decode (S = 1) after a prefix" if s == 1 else "chunked prefill (seq_len > S)")
@@ -144,6 +152,8 @@ def _labels(params: dict, seq_lens: torch.Tensor) -> tuple[str, ...]:
         out.append("seq_len past capacity")
     if seq_lens.numel() and bool((seq_lens != seq_lens[0]).any()):  # the drawn lengths, not the kind
         out.append("seq_lens ragged")
+        if bool(seq_lens[0] < seq_lens.max()):
+            out.append("longest row not the first")
     if bool((seq_lens < capacity(params)).any()):  # garbage rows a kernel must not read
         out.append("stale cache rows past seq_len")
     out.append("non-contiguous")
@@ -172,6 +182,7 @@ def _example(
         "slack": slack,
         "lens": "same",
         "scores": "normal",
+        "scale": "1/sqrt(D)",
         "q_offset": 0,
         "dtype": "bfloat16",
         "seed": 0,
@@ -209,6 +220,14 @@ ATTENTION_EXAMPLES = (
     _example("decode, all scores very negative", 2, 2, 4, 128, 1, 1500, 3, scores="very_negative"),
     _example("prefill S=127 (one short of the block), 8-way GQA", 1, 2, 8, 128, 127, 0, 1),
     _example("first token (seq_len 1) of a batch of 3, 7-way GQA", 3, 2, 7, 64, 1, 0, 40, gpu=False),
+    # on the interpreter decode shares a cache over 4 programs and combines 2 splits a chunk, so a
+    # batch-1 cache of over 2 tiles takes the busy-only combine, with splits of several tiles
+    _example("decode, batch 1, spread splits and the busy-only combine, head_dim 128", 1, 1, 4, 128, 1,
+             150, 50, gpu=False),
+    _example("decode, the busy-only combine, large scores", 1, 1, 4, 64, 1, 45, 10, scores="large",
+             gpu=False),
+    _example("chunked prefill scaled by 1, ragged", 3, 1, 2, 32, 9, 6, 2, lens="ragged", scale="1",
+             gpu=False),
 )  # fmt: skip
 ATTENTION_DECODE_EXAMPLES = tuple(e for e in ATTENTION_EXAMPLES if e["s"] * e["group"] <= DECODE_MAX_ROWS)
 

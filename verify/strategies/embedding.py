@@ -20,7 +20,8 @@ def embedding_params(limits: Limits) -> st.SearchStrategy[dict]:
             "b": size(limits.batch, AWKWARD),
             "s": size(limits.seq, AWKWARD),
             "vocab": size(limits.vocab, AWKWARD + MODEL_DIMS),
-            "hidden": size(limits.width, AWKWARD + MODEL_DIMS[:-1]),
+            # 1025: one column past a program's 1024 (ops/embedding.py's BLOCK_H)
+            "hidden": size(limits.width, AWKWARD + MODEL_DIMS[:-1] + (1025,)),
             "ids": st.sampled_from(IDS),
             "id_dtype": st.sampled_from(INDEX_DTYPES),
             "offset": st.integers(0, 5),  # ids start this many columns into a longer buffer
@@ -78,6 +79,7 @@ EMBEDDING_EXAMPLES = (
     _example(
         "every other id of the buffer, table rows padded", 2, 3, 40, 17, id_step=2, table_pad=3, gpu=False
     ),
+    _example("a row past one 1024-column program", 1, 2, 10, 1100, gpu=False),
     _example("article decode token", 1, 1, 151936, 1024, ids="edges"),
     _example("article prefill 256 tokens", 1, 256, 151936, 1024),
     _example("qwen2.5 batch 4 prefill", 4, 33, 151936, 896, id_dtype="int32"),

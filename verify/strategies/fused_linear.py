@@ -198,6 +198,8 @@ ADD_RMS_NORM_LINEAR_SILU_MUL_EXAMPLES = (
         "batch decode M=4, N=4864, K=1024, residual slice", 4, 4864, 1024, residual_layout="column_slice"
     ),
     _swiglu_example("fp32 M=2, N=500, K=1000", 2, 500, 1000, dtype="float32"),
+    # the composed path's normed x and gate/up outputs are the same size: two scratch buffers
+    _swiglu_example("composed M=5 with 2N == K", 5, 16, 32, gpu=False),
     _swiglu_example("one output (N=1): a program's single gate/up pair", 1, 1, 96, gpu=False),
 )
 

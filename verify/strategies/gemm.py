@@ -246,6 +246,10 @@ LINEAR_EXAMPLES = (
     ),
     _example("cancelling terms, gemv M=1 K=64 in one step", 1, 17, 64, cancel=True, gpu=False),
     _example("cancelling terms across K blocks, tiled M=5 K=160", 5, 17, 160, cancel=True, gpu=False),
+    # the interpreter's drawn M stays under 3 row tiles, one group of GROUP_M (8): 9 x 2 tiles
+    # make a second, partial group
+    _example("tiled 9 x 2 tiles, a partial last group of rows, + bias", 530, 65, 17, bias=True, gpu=False),
+    _example("tiled M=5, N=130 (3 N tiles) + bias", 5, 130, 33, bias=True, gpu=False),
 )
 
 
@@ -305,6 +309,8 @@ LINEAR_SPLITK_EXAMPLES = (
         prealloc=True,
         gpu=False,
     ),
+    _splitk_example("tiled M=5, split 3 of K=64 (whole blocks), cancelling terms", 5, 17, 64, 3, cancel=True,
+                    gpu=False),
     _splitk_example("article down_proj decode, split 8 (K=4864)", 1, 1024, 4864, 8, prealloc=True),
     _splitk_example("article lm_head decode, split 4 (N=151936, K=1024)", 1, 151936, 1024, 4),
     _splitk_example("qwen2.5 down_proj decode, split 5, K tail (K=4863)", 1, 896, 4863, 5),

@@ -162,6 +162,8 @@ ROPE_KV_STORE_EXAMPLES = (
         "prefill 5, 8-way GQA, fused qkv rows with padded heads", 2, 5, 12, 1, 8, 16,
         layout="fused_padded", gpu=False,
     ),
+    # the interpreter tiles up to 4096 elements of heads: 40 heads of 256 take two tiles
+    _example("40 q + 8 kv heads x 256, the q heads in two tiles", 1, 1, 4, 8, 5, 256, gpu=False),
     _example("article decode (8 q + 2 kv heads x 128), last cache row", 1, 1, 4096, 2, 4, 128, starts="end"),
     _example("qwen3-0.6b decode with qk-norm (16 q + 8 kv heads x 128)", 1, 1, 4096, 8, 2, 128, qk_norm=True),
     _example("qwen2.5-0.5b prefill 256 (14 q + 2 kv heads x 64)", 1, 256, 4096, 2, 7, 64, starts="zero"),

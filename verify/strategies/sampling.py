@@ -1,4 +1,4 @@
-"""Cases for ``argmax``: vocabularies up to 151936, ties, NaN, all -inf rows, strided rows."""
+"""Cases for ``argmax``: vocabularies up to 151936, ties, NaN, all -inf or all negative rows, strided rows."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator,
 from verify.limits import Limits
 from verify.strategies.common import Invalid, common, labels_for, padding, replace
 
-PATTERNS = ("random", "ties", "nan", "neg_inf", "constant", "nan_last", "max_last")
+PATTERNS = ("random", "ties", "nan", "neg_inf", "negative", "constant", "nan_last", "max_last")
 
 
 def argmax_params(limits: Limits) -> st.SearchStrategy[dict]:
@@ -36,6 +36,8 @@ def argmax_build(params: dict, device: torch.device) -> Case:
         logits[rows, where] = float("nan")
     elif pattern == "neg_inf":
         logits[:, :] = float("-inf")
+    elif pattern == "negative":  # every logit below 0: a masked lane read as 0 would win
+        logits = logits - logits.max() - 1
     elif pattern == "constant":
         logits[:, :] = 1.5
     elif pattern == "nan_last":  # the only NaN at the row's last index
@@ -71,6 +73,9 @@ ARGMAX_EXAMPLES = (
     _example("the maximum at the last index, in a 4-wide tail chunk", 1, 4100, "max_last", gpu=False),
     _example("article logits, the maximum in the last chunk", 1, 151936, "max_last", gpu=False),
     _example("article decode logits", 1, 151936, "random", gpu=False),
+    # 600 = 2 x 256 + 88 on CPU: masked lanes of the tail chunk must lose to every real logit
+    _example("all -inf rows, a tail chunk", 2, 600, "neg_inf", gpu=False),
+    _example("all logits negative, a tail chunk", 2, 600, "negative", gpu=False),
     _example("batch 4 with ties at 151936", 4, 151936, "ties", dtype="float32"),
     _example("NaN in the logits", 2, 151936, "nan"),
 )
