@@ -309,8 +309,9 @@ LINEAR_SPLITK_EXAMPLES = (
         prealloc=True,
         gpu=False,
     ),
-    _splitk_example("tiled M=5, split 3 of K=64 (whole blocks), cancelling terms", 5, 17, 64, 3, cancel=True,
-                    gpu=False),
+    _splitk_example(
+        "tiled M=5, split 3 of K=64 (whole blocks), cancelling terms", 5, 17, 64, 3, cancel=True, gpu=False
+    ),
     _splitk_example("article down_proj decode, split 8 (K=4864)", 1, 1024, 4864, 8, prealloc=True),
     _splitk_example("article lm_head decode, split 4 (N=151936, K=1024)", 1, 151936, 1024, 4),
     _splitk_example("qwen2.5 down_proj decode, split 5, K tail (K=4863)", 1, 896, 4863, 5),
