@@ -87,7 +87,7 @@ def _seq_lens(params: dict, gen: torch.Generator, device: torch.device) -> torch
         # kernel reading one row's length for all passes whenever that row is the longest)
         lens = torch.randint(s, longest + 1, (b,), generator=gen, device=device)
         rows = torch.randperm(b, generator=gen, device=device)
-        lens[rows[0]] = longest
+        lens[rows[:1]] = longest  # no row at all: B = 0
         if b > 1:
             lens[rows[1]] = s
     elif kind == "past_capacity":  # a device value past L: rows beyond L do not exist. Just past
