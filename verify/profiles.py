@@ -25,7 +25,7 @@ def register() -> None:
     db = DirectoryBasedExampleDatabase(str(DATABASE))
     common = {"deadline": None, "suppress_health_check": _SLOW_OK, "print_blob": True, "phases": _PHASES}
     settings.register_profile("ci", max_examples=50, derandomize=True, database=None, **common)
-    settings.register_profile("gpu", max_examples=30, database=db, **common)
+    settings.register_profile("gpu", max_examples=50, database=db, **common)
     settings.register_profile("thorough", max_examples=500, database=db, **common)
 
 
