@@ -21,10 +21,14 @@ from model.config import ModelConfig
 from tests.test_model_files import perturb_biases_and_norms
 from verify.e2e import hf_forward
 
+# theta and eps away from the usual defaults (10000, 1e-6) and from each other, so a reference
+# that hard-codes either one disagrees with HF here
 FAMILIES = {
-    "llama": ModelConfig("llama", 120, 64, 72, 2, 4, 2, 16, rope_theta=10000.0, tie_word_embeddings=False),
-    "qwen2": ModelConfig("qwen2", 120, 64, 72, 2, 4, 2, 16, rope_theta=10000.0, qkv_bias=True),
-    "qwen3": ModelConfig("qwen3", 120, 64, 72, 2, 4, 1, 16, rope_theta=10000.0, qk_norm=True),
+    "llama": ModelConfig(
+        "llama", 120, 64, 72, 2, 4, 2, 16, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False
+    ),
+    "qwen2": ModelConfig("qwen2", 120, 64, 72, 2, 4, 2, 16, rms_norm_eps=3e-4, rope_theta=1e6, qkv_bias=True),
+    "qwen3": ModelConfig("qwen3", 120, 64, 72, 2, 4, 1, 16, rms_norm_eps=1e-4, rope_theta=1e6, qk_norm=True),
 }
 
 
@@ -37,12 +41,15 @@ def _checkpoint(directory: Path, cfg: ModelConfig) -> torch.nn.Module:
     return hf
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_reference_model_matches_transformers(tmp_path: Path, family: str) -> None:
+def test_reference_model_matches_transformers(tmp_path: Path, family: str, fused: bool) -> None:
+    """Both op sets: the unfused one (the yardstick where `--inject` swaps a part of a fused op)
+    uses `add_rms_norm`'s residual sum in every layer, the fused one never."""
     cfg = FAMILIES[family]
     hf = _checkpoint(tmp_path, cfg)
     weights = model_weights.load(tmp_path, model_config.load(tmp_path), "cpu", dtype=torch.float32)
-    ref = reference.build(weights, max_batch=2, max_seq=24)
+    ref = reference.build(weights, max_batch=2, max_seq=24, fused=fused)
     ids = torch.randint(0, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = hf(input_ids=ids).logits
