@@ -4,7 +4,8 @@ Every other check compares a kernel with its reference, so a reference and a ker
 the same slip would pass them all. These tests hold the references (and the reference model's
 choice of them) to values worked out by hand or by an independent formula, for what the HF
 oracle (tests/test_hf_oracle.py) does not reach: argmax's tie rule, the residual output of
-`add_rms_norm`, the RoPE frequencies, the refusal of non-finite reference logits.
+`add_rms_norm`, the RoPE frequencies, attention's fp32 softmax on bf16 inputs, the refusal
+of non-finite reference logits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from model import embedded, reference
 from model import weights as model_weights
 from model.config import load
 from model.decoder import OPS
+from references.attention import attention
 from references.norm import add_rms_norm
 from references.rope import rope_cos_sin
 from references.sampling import argmax
@@ -56,6 +58,25 @@ def test_rope_cos_sin_follows_position_times_base_to_the_minus_2i_over_d(base: f
             slack = 4 * 2**-24 * max(1.0, angle)  # fp32's rounding of the angle itself, and of cos/sin
             assert abs(cos[0, j, i].item() - math.cos(angle)) <= slack, (p, i)
             assert abs(sin[0, j, i].item() - math.sin(angle)) <= slack, (p, i)
+
+
+def test_attention_rounds_only_its_output_on_bf16_inputs() -> None:
+    """Scores, softmax and the weighted sum in fp32: within one bf16 step of the fp64 result.
+    Scores rounded to bf16 before the softmax (a reference in the inputs' dtype) miss it by
+    several steps over 512 keys of close scores."""
+    gen = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, 3, 4, 64, generator=gen) * 2).to(torch.bfloat16)
+    k = (torch.randn(1, 512, 2, 64, generator=gen) * 2).to(torch.bfloat16)
+    v = torch.randn(1, 512, 2, 64, generator=gen).to(torch.bfloat16)
+    lens = torch.tensor([500], dtype=torch.int32)
+    got = attention(q, k, v, lens, 0.125)
+    keys, values = k.double().repeat_interleave(2, dim=2), v.double().repeat_interleave(2, dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", q.double(), keys) * 0.125
+    hidden = torch.arange(512)[None, :] > (500 - 3 + torch.arange(3))[:, None]  # [S, L]: past the query
+    scores = scores.masked_fill(hidden[None, None], -math.inf)
+    exact = torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, dim=-1), values)
+    step = torch.finfo(torch.bfloat16).eps * exact.abs().clamp_min(2**-20)  # one bf16 step of each value
+    assert ((got.double() - exact).abs() <= step).all()
 
 
 def test_the_reference_model_runs_every_op_on_its_registered_reference() -> None:
