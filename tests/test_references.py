@@ -35,9 +35,9 @@ def test_argmax_lowest_index_wins_ties_and_nan_counts_as_the_maximum() -> None:
 
 
 def test_add_rms_norm_returns_the_rounded_sum_as_the_new_residual() -> None:
-    x = torch.tensor([[1.5, -2.0, 0.25, 8.0]], dtype=torch.bfloat16)
+    # 256 + 1 is no bf16 value: that sum rounds to 256 (ties to even)
+    x = torch.tensor([[1.5, -2.0, 0.25, 256.0]], dtype=torch.bfloat16)
     residual = torch.tensor([[0.25, 0.5, -0.25, 1.0]], dtype=torch.bfloat16)
-    x[0, 3] = 256.0  # 256 + 1 is no bf16 value: the sum rounds to 256 (ties to even)
     y, new_residual = add_rms_norm(x, residual, torch.ones(4, dtype=torch.bfloat16), 1e-6)
     assert new_residual.dtype == torch.bfloat16
     assert new_residual.tolist() == [[1.75, -1.5, 0.0, 256.0]]
