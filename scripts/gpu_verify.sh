@@ -28,7 +28,10 @@ run() {  # run NAME LIMIT_S CMD...: log to $OUT/NAME.log, one summary line per s
     shift 2
     local began=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-    echo "$name: rc $? in $((SECONDS - began)) s" | tee -a "$OUT/summary.txt"
+    local rc=$?
+    # the log's last line too (pytest's counts, e2e's verdict): the summary reads alone where
+    # the logs do not all come back
+    echo "$name: rc $rc in $((SECONDS - began)) s: $(tail -n 1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
 }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
