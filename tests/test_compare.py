@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -51,6 +54,21 @@ def test_failure_message_names_everything() -> None:
         "python -m verify.op rms_norm --case",
     ):
         assert needle in text, f"{needle!r} missing from:\n{text}"
+
+
+def test_an_impl_drawing_random_numbers_draws_the_same_ones_whenever_its_case_runs() -> None:
+    # so the repro command of a verdict that hangs on a draw replays it, named examples too
+    spec, case = _case("rms_norm")
+
+    def noisy(x, w, eps):
+        return norm.rms_norm(x, w, eps) + (random.random() + np.random.rand() + torch.rand(()).item())
+
+    before = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
+    first, again = check(spec, case, noisy), check(spec, case, noisy)
+    assert not first.passed and first.outputs[0].impl_value == again.outputs[0].impl_value
+    # and the caller's generators are left as they were
+    assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
+    assert torch.equal(torch.get_rng_state(), before[2])
 
 
 def test_wrong_dtype_fails_even_when_values_are_close() -> None:

@@ -403,6 +403,30 @@ def test_a_layer_listed_twice_in_one_injection_is_named_so() -> None:
         parse_injection("rms_norm=f.py:g@0,1,0")
 
 
+def test_injections_start_python_and_numpy_random_from_one_seed(tmp_path: Path) -> None:
+    """So an injected op that draws from them draws the same numbers every run (torch's global
+    generator starts from a fixed seed in every process)."""
+    import random
+
+    import numpy as np
+
+    from model import triton_model
+    from model import weights as model_weights
+    from model.config import ModelConfig
+    from verify.models import apply_injections, parse_injection
+
+    impl = tmp_path / "noisy.py"
+    impl.write_text("import random\n\n\ndef rms_norm(x, weight, eps):\n    return x * random.random()\n")
+    cfg = ModelConfig("qwen3", 120, 64, 72, 2, 4, 2, 16, qk_norm=True)
+    weights, injection = model_weights.random_weights(cfg, "cpu"), parse_injection(f"rms_norm={impl}@1")
+    draws = []
+    for _ in range(2):
+        random.random(), np.random.rand()  # whatever ran before
+        apply_injections(triton_model.build(weights, 1, 8, fused=False), [injection])
+        draws.append((random.random(), np.random.rand()))
+    assert draws[0] == draws[1]
+
+
 # These commands force the interpreter, which import order concerns alone and a CUDA run of the
 # suite does not use (on the H200, 7 CLI tests failed, as many as these; the log was lost).
 interpreter_runs = pytest.mark.skipif(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import registry
@@ -124,7 +126,11 @@ def parse_injection(text: str) -> Injection:
 def apply_injections(model: Decoder, injections: list[Injection], watchdog: Watchdog = NO_LIMIT) -> None:
     """``@all`` means every layer. One op of one layer takes one injection: a second would win
     silently while the report names both. ``watchdog`` watches each call of an injected op (its
-    subject: the :class:`Injection`), so one that hangs ends the run with a report."""
+    subject: the :class:`Injection`), so one that hangs ends the run with a report. Python's and
+    numpy's global generators are seeded (torch's starts from a fixed seed): an injected op that
+    draws from them draws the same numbers every run."""
+    random.seed(0)
+    np.random.seed(0)
     taken: dict[tuple[str, int], str] = {}
     for inj in injections:
         layers = list(range(model.config.num_layers)) if inj.layers is None else list(inj.layers)
