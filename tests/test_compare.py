@@ -61,14 +61,19 @@ def test_an_impl_drawing_random_numbers_draws_the_same_ones_whenever_its_case_ru
     spec, case = _case("rms_norm")
 
     def noisy(x, w, eps):
-        return norm.rms_norm(x, w, eps) + (random.random() + np.random.rand() + torch.rand(()).item())
+        draw = torch.rand((), device=x.device).item()  # the GPU's generator on the GPU
+        return norm.rms_norm(x, w, eps) + (random.random() + np.random.rand() + draw)
 
-    before = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
+    def states():
+        gpu = torch.cuda.get_rng_state() if DEVICE.type == "cuda" else None
+        return random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state(), gpu
+
+    before = states()
     first, again = check(spec, case, noisy), check(spec, case, noisy)
     assert not first.passed and first.outputs[0].impl_value == again.outputs[0].impl_value
-    # and the caller's generators are left as they were
-    assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
-    assert torch.equal(torch.get_rng_state(), before[2])
+    after = states()  # and the caller's generators are left as they were
+    assert after[0] == before[0] and (after[1] == before[1]).all() and torch.equal(after[2], before[2])
+    assert DEVICE.type != "cuda" or torch.equal(after[3], before[3])
 
 
 def test_wrong_dtype_fails_even_when_values_are_close() -> None:

@@ -240,7 +240,9 @@ def seeded_rngs(case: Case) -> Iterator[None]:
     with torch.random.fork_rng(devices=devices):
         random.seed(seed)
         np.random.seed(seed)
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)
+        if devices:  # the device fork_rng puts back (torch.manual_seed would seed every GPU)
+            torch.cuda.manual_seed(seed)
         try:
             yield
         finally:
