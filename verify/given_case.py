@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import inspect
 import json
+from typing import TYPE_CHECKING
 
 from verify.cases import Case
+
+if TYPE_CHECKING:
+    from registry import OpSpec
 
 
 def _known_fields(spec) -> dict[str, list]:
@@ -52,7 +56,7 @@ def _out_of_domain(value: object, known: list) -> str | None:
     return None
 
 
-def from_json(spec, text: str) -> Case:
+def from_json(spec: OpSpec, text: str) -> Case:
     """The case a ``--case`` JSON object describes (a repro command's), built on the backend's device."""
     from ops import backend
     from verify.cli import UsageError
@@ -86,7 +90,7 @@ def from_json(spec, text: str) -> Case:
         raise UsageError(f"--case is not a valid {spec.name} case: {type(exc).__name__}: {exc}") from None
 
 
-def from_recording(spec, path: str) -> Case:
+def from_recording(spec: OpSpec, path: str) -> Case:
     """A case from the inputs ``verify.bisect`` saved for one op call, moved to the backend's device."""
     import torch
 
