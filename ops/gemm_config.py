@@ -144,7 +144,10 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # the step barely moves; alone down took 4.52 us against 4.81
     (1, 1024, 4864): gemv_config(2, 4096, 1, 4, 1),  # down_proj
     (256, 1024, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.75 us, cuBLAS 10.58 us
-    (1, 151936, 1024): gemv_config(16, 512, 1, 4, 3),  # lm_head 75.73 us, cuBLAS 79.38 us
+    # lm_head in one K step, although the pipelined n16 k512 w4 s3 (75.73 us, cuBLAS 79.38 us)
+    # was as fast in the step: its cp.async copies drop the weight's evict_first hint, and the
+    # 311 MB at normal priority flush the KV cache and activations from L2 (ops/gemm.py _gemv_kernel)
+    (1, 151936, 1024): gemv_config(4, 1024, 1, 4, 1),  # lm_head
     (256, 151936, 1024): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 149.02 us, cuBLAS 120.22 us
     # Qwen3-0.6B: hidden 1024, heads 16/8 x 128, intermediate 3072 (lm_head as the article's)
     (1, 4096, 1024): gemv_config(4, 1024, 1, 4, 1),  # qkv_proj 5.07 us, cuBLAS 5.42 us (2026-11-29)
@@ -174,7 +177,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     (256, 9728, 896): tiled_config(128, 128, 64, 1, 8, 3),  # gate_up_proj 14.16 us, cuBLAS 11.18 us
     (1, 896, 4864): gemv_config(2, 4096, 1, 4, 1),  # down_proj, in pieces as the article's
     (256, 896, 4864): tiled_config(64, 64, 64, 4, 4, 4),  # down_proj 11.47 us, cuBLAS 10.45 us
-    (1, 151936, 896): gemv_config(32, 256, 1, 4, 4),  # lm_head 71.47 us, cuBLAS 68.62 us
+    (1, 151936, 896): gemv_config(4, 1024, 1, 4, 1),  # lm_head in one K step, as the article's
     (256, 151936, 896): tiled_config(128, 128, 64, 1, 8, 3),  # lm_head 133.55 us, cuBLAS 106.37 us
 }
 

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = GPUTarget("cuda", 90, 32)
 SMS = 132  # the H200's
 BARRIERS = re.compile(r"\bbar\.sync\b")
-LOADS = re.compile(r"\b(?:ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)")
+LOADS = re.compile(r"\b(?:ld\.global[\w.:]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
 MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
 
