@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = GPUTarget("cuda", 90, 32)
 SMS = 132  # the H200's
 BARRIERS = re.compile(r"\bbar\.sync\b")
+HINT = ".L1::evict_first.L2::cache_hint"  # tl.load(..., eviction_policy="evict_first") in the PTX
 LOADS = re.compile(r"\b(?:ld\.global[\w.:]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
 MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
@@ -249,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             per_sm = entry["programs_per_sm"]
             waves = programs / (per_sm * SMS) if per_sm else float("inf")
-            loads = " ".join(f"{n}:{c}" for n, c in sorted(entry["loads"].items()))
+            # the JSON keeps the PTX's own spelling of a hinted load (the L1 and L2 policies)
+            mix = sorted(entry["loads"].items())
+            loads = " ".join(f"{n.replace(HINT, '.L2::evict_first')}:{c}" for n, c in mix)
             print(
                 f"{entry['kernel']:38} {label[:40]:40} {entry['registers']:4} {entry['spill_bytes']:5} "
                 f"{entry['shared_bytes'] / 1024:7.1f} {entry['barriers']:4} {per_sm:6} {programs:8} "
