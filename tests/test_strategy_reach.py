@@ -174,3 +174,15 @@ def test_gpu_draws_reach_the_named_sizes(op: str, field: str, wanted: tuple[int,
     comes up in 1-5% of draws; 1000 draws, as above."""
     seen = {params[field] for params in _gpu_draws(op)}
     assert not set(wanted) - seen, f"{op}: 1000 draws at the GPU's caps never reached {field} in {wanted}"
+
+
+def test_gpu_draws_preallocate_split_k_partials_only_of_a_bounded_size() -> None:
+    """A preallocated ``[split, M, N]`` partials buffer is cloned for every reference run of the
+    check, once in fp64; unbounded, one 64 x 4900 x 4900 case took ~25 GB and ran an 80 GB H100
+    out of memory beside the suite's other workers. Larger cases let the kernel allocate its own."""
+    from verify.strategies.gemm import PREALLOC_MAX_ELEMENTS
+
+    drawn = _gpu_draws("linear_splitk")
+    preallocated = [p["split_k"] * p["m"] * p["n"] for p in drawn if p["prealloc"]]
+    assert preallocated and max(preallocated) <= PREALLOC_MAX_ELEMENTS
+    assert any(p["split_k"] * p["m"] * p["n"] > PREALLOC_MAX_ELEMENTS for p in drawn)  # the bound bites
