@@ -117,8 +117,8 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Re-swept on 2026-11-30 with programmatic dependent launch (ops.pdl): the sweep's own
     # winners then (qkv/o gemv n4 k1024 w4, gate_up n16 k512 w4 s3) were within 0.07 us of these
     # picks alone but made the decode step slower (0.934 vs 0.899 ms/token, in two runs); that
-    # was before one-step gemvs ran straight-line (now every decode projection but lm_head is one
-    # step; their current times are in PERFORMANCE.md).
+    # was before one-step gemvs ran straight-line (now every decode projection is one step, lm_head
+    # too since 2026-12-07; their current times are in PERFORMANCE.md).
     # article: hidden 1024, heads 8/2 x 128, intermediate 4864, vocab 151936
     # qkv at 4 outputs a program (the sweep's pick with PDL): 0.842 vs 0.853 and 0.841 vs 0.854
     # ms/token beside the n2 w2 pick in two calls (3 and 5 timings); o_proj the same, no gain
