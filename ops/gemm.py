@@ -310,10 +310,11 @@ def _gemv_kernel(
     The weight is loaded ``evict_first``: each of its elements is read once, by one program, and a
     decode step streams every weight of the model (1.3 GB for the article, over 20x the L2), so at
     normal priority the weights flush from L2 what the next step reads again: the KV cache,
-    activations, partials and tables. With every decode weight marked, the article step took 0.730
-    ms/token against 0.766 (H100, one process); marking some of them gained nothing. Only plain
-    loads carry the hint (a pipelined loop's ``cp.async`` copies drop it), hence the one-step
-    lm_head configs in ``ops.gemm_config``.
+    activations, partials and tables. With every decode weight marked, the article step took 0.723
+    ms/token against 0.738 (H100, 2026-12-07, against the code before, two rounds); marking only
+    some of them gained nothing. Only plain loads carry the hint (a pipelined loop's ``cp.async``
+    copies drop it), hence the one-step lm_head configs in ``ops.gemm_config``.
+
     ``EARLY_WEIGHT`` (one step only; ``linear(static_weight=True)``): the weight chunk is requested
     before the PDL wait, the one read the wait's contract lets through (see ``linear``).
     ``PIECE1``, ``PIECE2`` (M=1, one step, no prologue or epilogue; 0: none): K is BLOCK_K plus
