@@ -43,6 +43,8 @@ from ops.gemm_config import GEMV_MAX_M, MAX_SPLIT_K, GemmConfig, config_for, tab
 
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use: bounds the pipeline depth
 MAX_NORM_BLOCK = 4096  # the norm prologue reads a row of up to this many in one step, longer in steps
+# the gemv's weight loads: each element is read once a launch (see _gemv_kernel)
+WEIGHT_EVICTION = tl.constexpr("evict_first")
 
 
 # ---- kernels -----------------------------------------------------------------------------------
@@ -159,14 +161,14 @@ def _gemv_chunk(
         w = (
             w_early
             if LOADED_EARLY
-            else tl.load(w_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy="evict_first")
+            else tl.load(w_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy=WEIGHT_EVICTION)
         )
         if PROLOGUE == "add_rms_norm":
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             scale = tl.load(norm_ptrs + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     else:
         x = tl.load(x_ptrs)
-        w = w_early if LOADED_EARLY else tl.load(w_ptrs, eviction_policy="evict_first")
+        w = w_early if LOADED_EARLY else tl.load(w_ptrs, eviction_policy=WEIGHT_EVICTION)
         if PROLOGUE == "add_rms_norm":
             a = tl.load(a_ptrs)
             scale = tl.load(norm_ptrs + offs_k).to(tl.float32)
@@ -364,13 +366,13 @@ def _gemv_kernel(
         w_piece2_ptrs = w_ptr + cols[:, None] * stride_wn + offs_piece2[None, :] * stride_wk
     if EARLY_WEIGHT:  # written by no kernel that may still run: its stream overlaps their tail
         if EVEN_K:
-            w_early = tl.load(w_ptrs, eviction_policy="evict_first")
+            w_early = tl.load(w_ptrs, eviction_policy=WEIGHT_EVICTION)
         else:
-            w_early = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0, eviction_policy="evict_first")
+            w_early = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0, eviction_policy=WEIGHT_EVICTION)
         if PIECE1 > 0:
-            w_piece1 = tl.load(w_piece1_ptrs, eviction_policy="evict_first")
+            w_piece1 = tl.load(w_piece1_ptrs, eviction_policy=WEIGHT_EVICTION)
         if PIECE2 > 0:
-            w_piece2 = tl.load(w_piece2_ptrs, eviction_policy="evict_first")
+            w_piece2 = tl.load(w_piece2_ptrs, eviction_policy=WEIGHT_EVICTION)
     else:
         w_early = None
     pdl.wait(PDL)
@@ -421,11 +423,11 @@ def _gemv_kernel(
         )  # fmt: skip
         if PIECE1 > 0:
             if not EARLY_WEIGHT:
-                w_piece1 = tl.load(w_piece1_ptrs, eviction_policy="evict_first")
+                w_piece1 = tl.load(w_piece1_ptrs, eviction_policy=WEIGHT_EVICTION)
             acc_piece1 = _piece_products(x_ptr, rows, offs_piece1, stride_xm, stride_xk, w_piece1)
         if PIECE2 > 0:
             if not EARLY_WEIGHT:
-                w_piece2 = tl.load(w_piece2_ptrs, eviction_policy="evict_first")
+                w_piece2 = tl.load(w_piece2_ptrs, eviction_policy=WEIGHT_EVICTION)
             acc_piece2 = _piece_products(x_ptr, rows, offs_piece2, stride_xm, stride_xk, w_piece2)
     else:
         # Whole BLOCK_K chunks without masks (masked loads lose their 16-byte vectors), then the
