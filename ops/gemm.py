@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ops import pdl, scratch, validate
-from ops.gemm_config import GEMV_MAX_M, MAX_SPLIT_K, GemmConfig, config_for, table_config
+from ops.gemm_config import GEMV_MAX_M, MAX_SPLIT_K, GemmConfig, config_for, k_pieces, table_config
 
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use: bounds the pipeline depth
 MAX_NORM_BLOCK = 4096  # the norm prologue reads a row of up to this many in one step, longer in steps
@@ -631,20 +631,6 @@ def _reduce(partials: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) 
         BLOCK_N=REDUCE_BLOCK_N,
         **pdl.launch_options(),
     )
-
-
-def k_pieces(k: int, block_k: int) -> tuple[int, int]:
-    """K past a first ``block_k`` chunk as one or two smaller powers of two, at least 16 each
-    (4864 = 4096 + 512 + 256 -> (512, 256)), so one step reads it unmasked; (0, 0) where
-    ``block_k`` is not K's largest power of two or the rest needs more or smaller pieces.
-    Taken by ``num_stages=1`` configs (one step: nothing to pipeline) whose block_k < K."""
-    rest = k - block_k
-    if not 0 < rest < block_k:
-        return 0, 0
-    parts = [1 << b for b in range(rest.bit_length() - 1, -1, -1) if rest >> b & 1]
-    if len(parts) > 2 or parts[-1] < 16:
-        return 0, 0
-    return parts[0], parts[1] if len(parts) == 2 else 0
 
 
 def _fit_stages(stages: int, elems_per_stage: int, elem_bytes: int) -> int:

@@ -106,9 +106,12 @@ def tiled_config(m: int, n: int, k: int, split: int = 1, w: int = 4, s: int = 3)
 # before any measurement (132 SMs, ~4.3 TB/s, ~790 TFLOP/s bf16):
 # Decode guesses: K <= 1024 is read in one BLOCK_K step with plain 16-byte loads (num_stages=1:
 # nothing to pipeline), so all of a program's weight bytes are in flight at once; small N gets
-# BLOCK_N=4 (N=1024 -> 256 programs, ~2 per SM); long K loops with cp.async pipelining
-# (3 stages of 4 x 512 per program keep ~3 MB in flight GPU-wide, the bandwidth x latency
-# product), or splits K when N alone gives too few programs.
+# BLOCK_N=4 (N=1024 -> 256 programs, ~2 per SM). At M=1 a longer K is read the same way (since
+# 2026-12-07, following the measured picks below): in one step where it can be (K's power of
+# two up to 4096, or one plus whole pieces, k_pieces), else in 4096-wide steps, never through a
+# pipelined loop's cp.async copies, which drop the weight's evict_first hint (ops/gemm.py). M of
+# 2-4, or too few programs, loop with cp.async pipelining (3 stages of 4 x 512 per program keep
+# ~3 MB in flight GPU-wide, the bandwidth x latency product), splitting K to fill the GPU.
 # Prefill guesses: 128x128 tiles where they give >= ~130 tiles, else 64-wide tiles or split-K.
 CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # Chosen by `python -m verify.bench gemm --sweep --preset all` on an NVIDIA H200,
@@ -136,7 +139,7 @@ CONFIGS: dict[tuple[int, int, int], GemmConfig] = {
     # w4 s4 and n4 k512 w4 s3 before it in the decode step (H200, 2026-11-30): article 0.681 and
     # 0.682 vs 0.693 and 0.694 ms/token (against a copy, same call); in one process Qwen2.5 shape
     # 0.626 vs 0.646, Qwen3 shape 0.735 vs 0.740.
-    # Then (2026-12-01) in one K step of whole pieces, 4096 + 512 + 256 (ops.gemm.k_pieces), so
+    # Then (2026-12-01) in one K step of whole pieces, 4096 + 512 + 256 (k_pieces), so
     # that static_weight's early request applies: 0.652 vs 0.660 ms/token in one process (n1 k4096
     # w4 0.657, n2 k4096 w8 0.665, n1 k4096 w2 0.666, n4 k4096 w8 0.675; one masked 8192-lane
     # step 0.662-0.683 vs 0.655); Qwen2.5 shape 0.544 vs 0.552 (n1 k4096 w4 0.548, w8 0.552).
@@ -190,6 +193,38 @@ def _fill_split(programs: int, k: int, block_k: int) -> int:
     return split
 
 
+def k_pieces(k: int, block_k: int) -> tuple[int, int]:
+    """K past a first ``block_k`` chunk as one or two smaller powers of two, at least 16 each
+    (4864 = 4096 + 512 + 256 -> (512, 256)), so one step reads it unmasked; (0, 0) where
+    ``block_k`` is not K's largest power of two or the rest needs more or smaller pieces.
+    Taken by ``num_stages=1`` configs (one step: nothing to pipeline) whose block_k < K."""
+    rest = k - block_k
+    if not 0 < rest < block_k:
+        return 0, 0
+    parts = [1 << b for b in range(rest.bit_length() - 1, -1, -1) if rest >> b & 1]
+    if len(parts) > 2 or parts[-1] < 16:
+        return 0, 0
+    return parts[0], parts[1] if len(parts) == 2 else 0
+
+
+# A guessed M=1 decode config with K > 1024 reads at most this many weight elements a program a
+# step, in chunks of at most DECODE_MAX_K: the measured picks' sizes (n8 k1024, n2 k4096). At 4
+# warps a k8192 chunk held 147 registers (x's 64 elements a thread beside the weight's), and at 8
+# the 256-wide piece of K = 8960 was read in 2-byte loads (scripts/compile_sm90.py, 2026-12-07).
+DECODE_ELEMENTS = 8192
+DECODE_MAX_K = 4096
+
+
+def _decode_block_k(k: int) -> int:
+    """BLOCK_K for an M=1 row of K > 1024: one step where it can be (K's power of two, masked
+    where K fills at least 3/4 of it; or a power of two plus whole pieces), else the widest chunk."""
+    full = triton.next_power_of_2(k)
+    if full <= DECODE_MAX_K and 4 * k >= 3 * full:
+        return full
+    below = full // 2
+    return below if below <= DECODE_MAX_K and k_pieces(k, below)[0] else DECODE_MAX_K
+
+
 def default_config(m: int, n: int, k: int) -> GemmConfig:
     """A reasonable config for a shape the table does not list."""
     if m <= GEMV_MAX_M:
@@ -202,6 +237,11 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
             # element (the embedded model's e2e run: 68 s with up to 16 programs, 28 s with 4).
             widest = 64
             block_n = max(block_n, triton.next_power_of_2(triton.cdiv(n, 4)))
+        elif m == 1 and k > 1024:
+            block_k = _decode_block_k(k)
+            plain = gemv_config(min(block_n, DECODE_ELEMENTS // block_k), block_k, 1, 4, 1)
+            if triton.cdiv(n, plain.block_n) >= SMS:  # else the pipelined loop below, split to fill the GPU
+                return plain
         block_k = widest // triton.next_power_of_2(max(m, 1))
         stages = 1 if k <= block_k else 3  # one K step: nothing to pipeline, plain wide loads
         return gemv_config(block_n, block_k, _fill_split(triton.cdiv(n, block_n), k, block_k), 4, stages)

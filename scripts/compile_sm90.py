@@ -49,6 +49,15 @@ BARRIERS = re.compile(r"\bbar\.sync\b")
 HINT = ".L1::evict_first.L2::cache_hint"  # tl.load(..., eviction_policy="evict_first") in the PTX
 LOADS = re.compile(r"\b(?:ld\.global[\w.:]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
+# the decode projections of a Qwen2.5-1.5B-shaped model (hidden 1536, heads 12/2 x 128,
+# intermediate 8960): no table entry, so linear launches default_config's guesses
+GUESSED_DECODE = (
+    ("qkv_proj", 2048, 1536),
+    ("o_proj", 1536, 1536),
+    ("gate_up_proj", 17920, 1536),
+    ("down_proj", 1536, 8960),
+    ("lm_head", 151936, 1536),
+)
 MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
 
 
@@ -219,6 +228,9 @@ def run_ops(recorders: list[Recorder]) -> None:
                 continue
             label(f"article prefill {proj.name}")
             gemm.linear(torch.empty(256, k, dtype=torch.bfloat16), w, bias)
+    for name, n, k in GUESSED_DECODE:  # shapes the table lacks: default_config's guesses
+        label(f"guessed decode {name} {n}x{k}")
+        gemm.linear(torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16))
     cache = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     for tokens in (1, 256):  # decode over a cache long enough to be split (the combine runs); prefill
         label(f"article {'decode' if tokens == 1 else 'prefill'} attention, cache 4096")

@@ -36,6 +36,7 @@ CONFIGS = [
     GemmConfig("gemv", 1, 16, 16, split_k=8),
     GemmConfig("gemv", 1, 4, 256, num_stages=1),  # one step (straight line) for K <= 256
     GemmConfig("gemv", 1, 16, 128, num_stages=1),  # one step and EVEN_K at K=128
+    GemmConfig("gemv", 1, 4, 64, num_stages=1),  # a loop without cp.async (guessed decode, K > 8191)
     GemmConfig("tiled", 16, 32, 32),
     GemmConfig("tiled", 32, 64, 64, split_k=4, group_m=2),
     GemmConfig("tiled", 64, 16, 16, split_k=2, group_m=1),
@@ -271,6 +272,28 @@ def test_default_config_is_valid(m: int, n: int, k: int) -> None:
     assert launched.split_k <= max(1, -(-k // launched.block_k)), "more splits than K blocks"
 
 
+@pytest.mark.parametrize(
+    ("n", "k", "one_step"),
+    [(2048, 1536, True), (17920, 1536, True), (1024, 3072, True), (4096, 2560, True), (1024, 6000, False),
+     (1536, 8960, False)],
+)  # fmt: skip
+def test_guessed_decode_configs_keep_the_weight_hint(
+    monkeypatch: pytest.MonkeyPatch, n: int, k: int, one_step: bool
+) -> None:
+    """An unlisted M=1 shape past K = 1024 streams its weight in plain loads (num_stages=1: a
+    pipelined loop's cp.async copies drop evict_first), in one step where K allows: K's power of
+    two (masked, at most a quarter wasted), or one plus whole pieces."""
+    monkeypatch.setattr(backend, "is_interpreter", lambda: False)  # the GPU's guesses, not the CPU's
+    config = gemm_config.default_config(1, n, k)
+    assert (config.num_stages, config.split_k) == (1, 1), config.describe()
+    assert config.block_n * config.block_k <= gemm_config.DECODE_ELEMENTS
+    assert (k <= config.block_k or gemm.k_pieces(k, config.block_k) != (0, 0)) == one_step, config.describe()
+    if k <= config.block_k:
+        assert 4 * k >= 3 * config.block_k, config.describe()
+    # too few programs for the GPU: the pipelined loop (split where K is long enough)
+    assert gemm_config.default_config(1, 256, k).num_stages > 1
+
+
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="kernel"):
         GemmConfig("mma", 16, 16, 16)
@@ -320,6 +343,17 @@ def test_cuda_graph_capture_allocates_nothing(m: int, n: int, k: int, own_partia
     # the replay read the new x: the same kernel launched eagerly on it gives the same bits
     # (accuracy itself is test_ops' business)
     torch.testing.assert_close(out, gemm.linear(x, w), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(2048, 1536), (1536, 8960), (4096, 2560)])
+def test_guessed_decode_configs_match_reference_at_full_size(n: int, k: int) -> None:
+    """default_config's M=1 guesses for an unlisted model (scripts/compile_sm90.py GUESSED_DECODE)
+    on full-size shapes: masked one step, a power of two plus a piece, 4096-wide steps."""
+    assert (1, n, k) not in gemm_config.CONFIGS
+    case = _linear_case(1, n, k, bias=True, x_layout="contiguous", w_layout="contiguous")
+    result = check(LINEAR, case)
+    assert result.passed, f"{gemm_config.table_config(1, n, k).describe()}: {result.describe()}"
 
 
 @pytest.mark.gpu
