@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import importlib
 import json
 import math
@@ -49,15 +50,6 @@ BARRIERS = re.compile(r"\bbar\.sync\b")
 HINT = ".L1::evict_first.L2::cache_hint"  # tl.load(..., eviction_policy="evict_first") in the PTX
 LOADS = re.compile(r"\b(?:ld\.global[\w.:]*|cp\.async\.c[ag]\.shared\.global)")
 # the first instruction that touches global memory (a predicate may guard it)
-# the decode projections of a Qwen2.5-1.5B-shaped model (hidden 1536, heads 12/2 x 128,
-# intermediate 8960): no table entry, so linear launches default_config's guesses
-GUESSED_DECODE = (
-    ("qkv_proj", 2048, 1536),
-    ("o_proj", 1536, 1536),
-    ("gate_up_proj", 17920, 1536),
-    ("down_proj", 1536, 8960),
-    ("lm_head", 151936, 1536),
-)
 MEMORY = re.compile(r"^\s*(?:@!?%p\d+\s+)?(ld\.global|st\.global|cp\.async\.c[ag]|atom\.|red\.)", re.M)
 
 
@@ -176,12 +168,68 @@ def install_recorders(results: dict) -> list[Recorder]:
     return recorders
 
 
+# Qwen2.5-1.5B's shape (hidden 1536, heads 12/2 x 128, intermediate 8960, QKV bias): the config
+# table lists none of its projections, so its decode launches default_config's guesses
+GUESSED = "guessed"
+
+
+def _guessed_model(presets: dict):
+    return dataclasses.replace(
+        presets["qwen2.5-0.5b"], hidden_size=1536, num_heads=12, head_dim=128, intermediate_size=8960
+    )
+
+
+def model_projections(cfg) -> tuple:
+    from verify.strategies.gemm import projections
+
+    return projections(
+        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+        cfg.vocab_size, cfg.qkv_bias,
+    )  # fmt: skip
+
+
+def decode_launches(cfg, preset: str, label) -> None:
+    """Every decode GEMM of one model config, launched as the model launches it."""
+    from model.decoder import STATIC_WEIGHT_POINTS
+    from ops import fused_linear, gemm
+
+    for proj in model_projections(cfg):
+        n, k = proj.n, proj.k
+        label(f"{preset} decode {proj.name}")
+        x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+        bias = torch.empty(n, dtype=torch.bfloat16) if proj.bias else None
+        norm = torch.empty(k, dtype=x.dtype)
+        if proj.name == "qkv_proj":  # residual add + RMSNorm in the prologue
+            fused_linear.add_rms_norm_linear(x, torch.empty_like(x), norm, 1e-6, w, bias)
+            if not cfg.qk_norm:  # and RoPE + the cache write in the epilogue
+                label(f"{preset} decode {proj.name} + rope_kv_store")
+                cache = torch.empty(1, 4096, cfg.num_kv_heads, cfg.head_dim, dtype=torch.bfloat16)
+                cos = torch.empty(1, 1, cfg.head_dim // 2)
+                start = torch.zeros(1, dtype=torch.int32)
+                fused_linear.add_rms_norm_linear_rope_kv_store(
+                    x,
+                    torch.empty_like(x),
+                    norm,
+                    1e-6,
+                    w,
+                    bias,
+                    cos,
+                    cos,
+                    cache,
+                    torch.empty_like(cache),
+                    start,
+                )
+                label(f"{preset} decode {proj.name}")
+        if proj.name == "gate_up_proj":  # and the SwiGLU gate in the epilogue
+            fused_linear.add_rms_norm_linear_silu_mul(x, torch.empty_like(x), norm, 1e-6, w)
+        if proj.name != "gate_up_proj":  # plain; o, down and lm_head on the model's static weights
+            gemm.linear(x, w, bias, static_weight=proj.name in STATIC_WEIGHT_POINTS)
+
+
 def run_ops(recorders: list[Recorder]) -> None:
     import registry
     from model.config import PRESETS
-    from model.decoder import STATIC_WEIGHT_POINTS
-    from ops import attention, fused_linear, gemm
-    from verify.strategies.gemm import MODEL_PROJECTIONS
+    from ops import attention, gemm
 
     def label(text: str) -> None:
         for r in recorders:
@@ -191,46 +239,14 @@ def run_ops(recorders: list[Recorder]) -> None:
         label(f"{spec.name} (typical case)")
         case = spec.build(spec.typical, torch.device("cpu"))
         spec.impl(*case.args, **case.kwargs)
-    for preset, projections in MODEL_PROJECTIONS.items():
-        for proj in projections:  # decode launched as the model launches it
-            n, k = proj.n, proj.k
-            label(f"{preset} decode {proj.name}")
-            x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
-            bias = torch.empty(n, dtype=torch.bfloat16) if proj.bias else None
-            norm = torch.empty(k, dtype=x.dtype)
-            if proj.name == "qkv_proj":  # residual add + RMSNorm in the prologue
-                fused_linear.add_rms_norm_linear(x, torch.empty_like(x), norm, 1e-6, w, bias)
-                cfg = PRESETS[preset]
-                if not cfg.qk_norm:  # and RoPE + the cache write in the epilogue
-                    label(f"{preset} decode {proj.name} + rope_kv_store")
-                    cache = torch.empty(1, 4096, cfg.num_kv_heads, cfg.head_dim, dtype=torch.bfloat16)
-                    cos = torch.empty(1, 1, cfg.head_dim // 2)
-                    start = torch.zeros(1, dtype=torch.int32)
-                    fused_linear.add_rms_norm_linear_rope_kv_store(
-                        x,
-                        torch.empty_like(x),
-                        norm,
-                        1e-6,
-                        w,
-                        bias,
-                        cos,
-                        cos,
-                        cache,
-                        torch.empty_like(cache),
-                        start,
-                    )
-                    label(f"{preset} decode {proj.name}")
-            if proj.name == "gate_up_proj":  # and the SwiGLU gate in the epilogue
-                fused_linear.add_rms_norm_linear_silu_mul(x, torch.empty_like(x), norm, 1e-6, w)
-            if proj.name != "gate_up_proj":  # plain; o, down and lm_head on the model's static weights
-                gemm.linear(x, w, bias, static_weight=proj.name in STATIC_WEIGHT_POINTS)
-            if preset != "article":
-                continue
-            label(f"article prefill {proj.name}")
-            gemm.linear(torch.empty(256, k, dtype=torch.bfloat16), w, bias)
-    for name, n, k in GUESSED_DECODE:  # shapes the table lacks: default_config's guesses
-        label(f"guessed decode {name} {n}x{k}")
-        gemm.linear(torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16))
+    for preset, cfg in {**PRESETS, GUESSED: _guessed_model(PRESETS)}.items():
+        decode_launches(cfg, preset, label)
+        if preset == "article":
+            for proj in model_projections(cfg):
+                label(f"article prefill {proj.name}")
+                w = torch.empty(proj.n, proj.k, dtype=torch.bfloat16)
+                bias = torch.empty(proj.n, dtype=torch.bfloat16) if proj.bias else None
+                gemm.linear(torch.empty(256, proj.k, dtype=torch.bfloat16), w, bias)
     cache = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     for tokens in (1, 256):  # decode over a cache long enough to be split (the combine runs); prefill
         label(f"article {'decode' if tokens == 1 else 'prefill'} attention, cache 4096")
