@@ -179,21 +179,13 @@ def _guessed_model(presets: dict):
     )
 
 
-def model_projections(cfg) -> tuple:
-    from verify.strategies.gemm import projections
-
-    return projections(
-        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-        cfg.vocab_size, cfg.qkv_bias,
-    )  # fmt: skip
-
-
 def decode_launches(cfg, preset: str, label) -> None:
     """Every decode GEMM of one model config, launched as the model launches it."""
     from model.decoder import STATIC_WEIGHT_POINTS
     from ops import fused_linear, gemm
+    from verify.strategies.gemm import config_projections
 
-    for proj in model_projections(cfg):
+    for proj in config_projections(cfg):
         n, k = proj.n, proj.k
         label(f"{preset} decode {proj.name}")
         x, w = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
@@ -230,6 +222,7 @@ def run_ops(recorders: list[Recorder]) -> None:
     import registry
     from model.config import PRESETS
     from ops import attention, gemm
+    from verify.strategies.gemm import config_projections
 
     def label(text: str) -> None:
         for r in recorders:
@@ -242,7 +235,7 @@ def run_ops(recorders: list[Recorder]) -> None:
     for preset, cfg in {**PRESETS, GUESSED: _guessed_model(PRESETS)}.items():
         decode_launches(cfg, preset, label)
         if preset == "article":
-            for proj in model_projections(cfg):
+            for proj in config_projections(cfg):
                 label(f"article prefill {proj.name}")
                 w = torch.empty(proj.n, proj.k, dtype=torch.bfloat16)
                 bias = torch.empty(proj.n, dtype=torch.bfloat16) if proj.bias else None

@@ -310,6 +310,13 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bisect", ("--prompt-len", "x"), "--prompt-len: expected a whole number, got 'x'"),
         ("verify.bisect", ("--decode-steps", "-1"), "--decode-steps -1: expected at least 0"),
         ("verify.bench", ("gemm", "--replays", "-1"), "--replays: expected at least 1"),
+        ("verify.bench", ("model", "--config", "/no/such"), "--config: /no/such: no config.json found"),
+        ("verify.bench", ("gemm", "--config", "README.md"), "--config: README.md: not valid JSON"),
+        (
+            "verify.bench",
+            ("gemm", "--preset", "article", "--config", "x"),
+            "argument --config: not allowed with argument --preset",
+        ),
         ("verify.e2e", ("--json", "/proc/e2e.json"), "--json /proc/e2e.json: cannot be written"),
         ("verify.bisect", ("--repro-dir", "/proc/repros"), "cannot make a directory in /proc"),
         (
@@ -853,6 +860,45 @@ def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:
     with gemm_overrides(overrides):
         assert gemm_config.table_config(1, 9728, 1024) == overrides[(1, 9728, 1024)]
     assert before == gemm_config.CONFIGS
+
+
+def test_benchmarks_time_the_shape_a_config_names(tmp_path: Path) -> None:
+    """``--config``: a model the presets do not cover (Qwen2.5-1.5B's shape), its projections
+    timed on random weights, the ones the config table lacks on default_config's guesses."""
+    import argparse
+    import dataclasses
+
+    from model.config import PRESETS, to_hf_dict
+    from verify.bench.gemm import _models
+    from verify.strategies.gemm import MODEL_PROJECTIONS
+
+    wider = dataclasses.replace(
+        PRESETS["qwen2.5-0.5b"], hidden_size=1536, num_heads=12, head_dim=128, intermediate_size=8960
+    )
+    for name, cfg in (("wider", wider), ("article", PRESETS["article"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(to_hf_dict(cfg)))
+    parser = argparse.ArgumentParser()
+    article = str(tmp_path / "article" / "config.json")  # a file or its directory
+    assert _models(parser, argparse.Namespace(config=article)) == {article: MODEL_PROJECTIONS["article"]}
+    models = _models(parser, argparse.Namespace(config=str(tmp_path / "wider")))
+    assert [(p.name, p.n, p.k, p.bias) for p in models[str(tmp_path / "wider")]] == [
+        ("qkv_proj", 2048, 1536, True), ("o_proj", 1536, 1536, False), ("gate_up_proj", 17920, 1536, False),
+        ("down_proj", 1536, 8960, False), ("lm_head", 151936, 1536, False),
+    ]  # fmt: skip
+    # the model benchmark's --try-config is checked against the config's shapes, not a preset's
+    run = cli(
+        "verify.bench",
+        "model",
+        "--config",
+        str(tmp_path / "wider"),
+        "--try-config",
+        "9728x1024=gemv n8 k1024 w4 s1",
+    )
+    assert (
+        run.returncode == 2
+        and "(N x K: 1536x1536, 1536x8960, 2048x1536, 17920x1536, 151936x1536)" in run.stderr
+    )
 
 
 def test_sweep_writes_table_entries_as_the_table_does() -> None:

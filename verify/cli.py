@@ -174,6 +174,28 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_timeout_argument(parser, "a call of an injected op")
 
 
+def add_shape_arguments(parser: argparse.ArgumentParser, presets: list[str], default: str) -> None:
+    """``--preset`` or ``--config``: the model shape a benchmark times, on random weights."""
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--preset", default=default, choices=presets, help=f"shape (default {default})")
+    shape.add_argument(
+        "--config",
+        metavar="PATH",
+        help="a model's config.json, or its checkpoint directory: that shape instead of a preset "
+        "(its weights are not read)",
+    )
+
+
+def shape_config(parser: argparse.ArgumentParser, path: str) -> Any:
+    """The ``ModelConfig`` that ``--config`` names; a usage error (exit 2) where it does not parse."""
+    from model import config as model_config
+
+    try:
+        return model_config.load(path)
+    except model_config.ConfigError as exc:
+        parser.error(f"--config: {exc}")
+
+
 def add_cache_argument(parser: argparse.ArgumentParser) -> None:
     """``--cache-len``: the KV cache a server would allocate, not just the run's length. The
     decode kernels pick their splits by capacity and share the valid rows out among them, so

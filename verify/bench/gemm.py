@@ -32,7 +32,7 @@ from ops import gemm, gemm_config
 from ops.gemm_config import GemmConfig, gemv_config, tiled_config
 from verify import cli
 from verify.bench import timing
-from verify.strategies.gemm import MODEL_PROJECTIONS, Projection
+from verify.strategies.gemm import MODEL_PROJECTIONS, Projection, config_projections
 
 PHASES = ((1, "decode"), (256, "prefill"))
 DECODE_BW_TARGET = 0.75  # M=1: >= 75% of the copy bandwidth on the weight bytes ...
@@ -299,8 +299,12 @@ def _fmt(rows: Iterable[Row]) -> str:
     return timing.table(headers, body)
 
 
-def _presets(choice: str) -> list[str]:
-    return list(MODEL_PROJECTIONS) if choice == "all" else [choice]
+def _models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, tuple[Projection, ...]]:
+    """The projections to time, by model name: the presets chosen, or the ``--config`` model's."""
+    if args.config is not None:
+        return {args.config: config_projections(cli.shape_config(parser, args.config))}
+    names = list(MODEL_PROJECTIONS) if args.preset == "all" else [args.preset]
+    return {name: MODEL_PROJECTIONS[name] for name in names}
 
 
 def _roofline() -> Roofline:
@@ -317,12 +321,14 @@ def _roofline() -> Roofline:
     return roof
 
 
-def run_bench(presets: list[str], replays: int, phases: list[int]) -> tuple[list[Row], list[str], Roofline]:
+def run_bench(
+    models: dict[str, tuple[Projection, ...]], replays: int, phases: list[int]
+) -> tuple[list[Row], list[str], Roofline]:
     roof = _roofline()
     rows: list[Row] = []
-    for preset in presets:
+    for preset, projections in models.items():
         preset_rows: list[Row] = []
-        for proj in MODEL_PROJECTIONS[preset]:
+        for proj in projections:
             for m in phases:
                 problem = make_problem(preset, proj, m)
                 preset_rows += bench_problem(problem, roof, replays)
@@ -352,11 +358,13 @@ class SweepResult:
     rows: list[Row] = field(default_factory=list)
 
 
-def _unique_problems(presets: list[str], phases: list[int]) -> list[tuple[str, Projection, int]]:
+def _unique_problems(
+    models: dict[str, tuple[Projection, ...]], phases: list[int]
+) -> list[tuple[str, Projection, int]]:
     seen: set[tuple[int, int, int]] = set()
     out = []
-    for preset in presets:
-        for proj in MODEL_PROJECTIONS[preset]:
+    for preset, projections in models.items():
+        for proj in projections:
             for m in phases:
                 if (m, proj.n, proj.k) not in seen:
                     seen.add((m, proj.n, proj.k))
@@ -442,10 +450,12 @@ def paste_table(results: list[SweepResult], device: str) -> str:
     return "\n".join(lines)
 
 
-def run_sweep(presets: list[str], replays: int, phases: list[int]) -> tuple[list[SweepResult], str]:
+def run_sweep(
+    models: dict[str, tuple[Projection, ...]], replays: int, phases: list[int]
+) -> tuple[list[SweepResult], str]:
     roof = _roofline()
     results = []
-    for preset, proj, m in _unique_problems(presets, phases):
+    for preset, proj, m in _unique_problems(models, phases):
         r = sweep_problem(preset, proj, m, roof, replays)
         results.append(r)
         ranked = sorted((row for row in r.rows if row.seconds), key=lambda row: row.seconds)
@@ -472,7 +482,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 every config ran and matched, 1 one gave a wrong answer or (outside --sweep) "
         "failed to run, 2 bad usage or no CUDA GPU.",
     )
-    p.add_argument("--preset", choices=[*MODEL_PROJECTIONS, "all"], default="all")
+    cli.add_shape_arguments(p, [*MODEL_PROJECTIONS, "all"], "all")
     p.add_argument("--sweep", action="store_true", help="time candidate configs, print the best as a table")
     p.add_argument("--replays", type=cli.positive_int, default=20, help="graph replays per timing (median)")
     p.add_argument("--phase", choices=["decode", "prefill", "all"], default="all", help="M=1, M=256 or both")
@@ -484,19 +494,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     cli.require_output_file(parser, "--json", args.json)
+    models = _models(parser, args)
     if timing.cuda_missing("verify.bench gemm"):
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check reference must be fp32
-    presets = _presets(args.preset)
     phases = [m for m, name in PHASES if args.phase in (name, "all")]
     device = torch.cuda.get_device_name()
-    print(f"verify.bench gemm on {device}: presets {', '.join(presets)}{' (sweep)' if args.sweep else ''}")
+    what = "presets" if args.config is None else "config"
+    print(f"verify.bench gemm on {device}: {what} {', '.join(models)}{' (sweep)' if args.sweep else ''}")
     if args.sweep:
-        results, text = run_sweep(presets, args.replays, phases)
+        results, text = run_sweep(models, args.replays, phases)
         rows = [row for r in results for row in r.rows]
         payload: dict = {"device": device, "mode": "sweep", "table": text, "rows": [asdict(r) for r in rows]}
     else:
-        rows, lines, roof = run_bench(presets, args.replays, phases)
+        rows, lines, roof = run_bench(models, args.replays, phases)
         payload = {
             "device": device,
             "mode": "bench",

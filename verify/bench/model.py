@@ -33,7 +33,7 @@ from verify.bench import timing
 from verify.cli import UsageError, add_cache_argument
 from verify.impl_loader import exception_text
 from verify.models import cache_rows
-from verify.strategies.gemm import projections
+from verify.strategies.gemm import config_projections
 
 SKIPPABLE = ("unfused", "eager", "reference", "compile", "hf")  # rows besides the graph decode
 GRAPH_ROW, PEER_ROW = "triton + CUDA graph", "plain torch bf16 + torch.compile + CUDA graph"
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         description=" ".join(__doc__.split("\n\n")[0].split()),
         epilog="Exit status: 0 timed (token parity is verify.e2e's job), 2 bad usage or no CUDA GPU.",
     )
-    p.add_argument("--preset", default="article", choices=sorted(PRESETS), help="shape (default article)")
+    cli.add_shape_arguments(p, sorted(PRESETS), "article")
     p.add_argument("--prompt-len", type=cli.positive_int, default=256, help="prefill tokens (default 256)")
     p.add_argument("--new-tokens", type=cli.positive_int, default=128, help="decode tokens (default 128)")
     add_cache_argument(p)  # the reference-based rows (eager, compile) attend over all of it
@@ -294,11 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         help="time the graph decode rows this many times, interleaved (median; default 1)",
     )
     args = p.parse_args(argv)
-    cfg = PRESETS[args.preset]
-    shapes = {(proj.n, proj.k) for proj in projections(
-        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-        cfg.vocab_size, cfg.qkv_bias,
-    )}  # fmt: skip
+    cfg = PRESETS[args.preset] if args.config is None else cli.shape_config(p, args.config)
+    shape = f"preset {args.preset}" if args.config is None else f"config {args.config}"
+    shapes = {(proj.n, proj.k) for proj in config_projections(cfg)}
     try:
         variants = [(text, parse_overrides(text, shapes)) for text in args.try_config]
     except ValueError as error:
@@ -448,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     base = rows[0]["decode_ms"]
     print(
-        f"\nverify.bench model: preset {args.preset}, prompt {length}, {new} new tokens, KV cache of "
+        f"\nverify.bench model: {shape}, prompt {length}, {new} new tokens, KV cache of "
         f"{max_seq} rows, batch 1, {torch.cuda.get_device_name()}"
     )
     table = []
@@ -469,9 +467,9 @@ def main(argv: list[str] | None = None) -> int:
             ["implementation", "prefill ms", "decode ms/token", "tokens/s", "vs triton+graph", "note"], table
         )
     )
-    payload = {"preset": args.preset, "prompt_len": length, "new_tokens": new, "cache_len": max_seq,
-               "bandwidth": bandwidth, "rows": rows}  # fmt: skip
-    if args.preset == "article":  # reported, not enforced, as in the gemm and attention suites
+    payload = {"preset": None if args.config else args.preset, "config": args.config, "prompt_len": length,
+               "new_tokens": new, "cache_len": max_seq, "bandwidth": bandwidth, "rows": rows}  # fmt: skip
+    if shape == "preset article":  # reported, not enforced, as in the gemm and attention suites
         payload["targets"] = targets(rows, length)
         print("\ntargets")
         print(timing.targets_table(payload["targets"]))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from model.config import PRESETS, ModelConfig
 from ops.gemm_config import GEMV_MAX_M
 from verify.cases import AWKWARD, MODEL_DIMS, Case, choice, dtype_of, generator, size, strided_view, values
 from verify.limits import Limits
@@ -34,23 +35,20 @@ class Projection:
     bias: bool = False
 
 
-def projections(
-    hidden: int, q_heads: int, kv_heads: int, head_dim: int, intermediate: int, vocab: int, qkv_bias: bool
-) -> tuple[Projection, ...]:
+def config_projections(cfg: ModelConfig) -> tuple[Projection, ...]:
     """The five projections of one decoder config (fused QKV and fused gate/up, as the model runs them)."""
+    hidden, heads, kv_heads, head_dim = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     return (
-        Projection("qkv_proj", (q_heads + 2 * kv_heads) * head_dim, hidden, qkv_bias),
-        Projection("o_proj", hidden, q_heads * head_dim),
-        Projection("gate_up_proj", 2 * intermediate, hidden),
-        Projection("down_proj", hidden, intermediate),
-        Projection("lm_head", vocab, hidden),
+        Projection("qkv_proj", (heads + 2 * kv_heads) * head_dim, hidden, cfg.qkv_bias),
+        Projection("o_proj", hidden, heads * head_dim),
+        Projection("gate_up_proj", 2 * cfg.intermediate_size, hidden),
+        Projection("down_proj", hidden, cfg.intermediate_size),
+        Projection("lm_head", cfg.vocab_size, hidden),
     )
 
 
 MODEL_PROJECTIONS: dict[str, tuple[Projection, ...]] = {
-    "article": projections(1024, 8, 2, 128, 4864, 151936, qkv_bias=False),
-    "qwen3-0.6b": projections(1024, 16, 8, 128, 3072, 151936, qkv_bias=False),
-    "qwen2.5-0.5b": projections(896, 14, 2, 64, 4864, 151936, qkv_bias=True),
+    name: config_projections(cfg) for name, cfg in PRESETS.items()
 }
 
 
