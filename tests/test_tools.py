@@ -312,6 +312,8 @@ def test_e2e_exits_1_on_an_injected_bug_before_any_token_flips(tmp_path: Path) -
         ("verify.bench", ("gemm", "--replays", "-1"), "--replays: expected at least 1"),
         ("verify.bench", ("model", "--config", "/no/such"), "--config: /no/such: no config.json found"),
         ("verify.bench", ("gemm", "--config", "README.md"), "--config: README.md: not valid JSON"),
+        ("verify.bench", ("attention", "--config", "/no/such"), "--config: /no/such: no config.json found"),
+        ("verify.bench", ("attention", "--config", "x", "--sweep"), "--config: not with --sweep"),
         (
             "verify.bench",
             ("gemm", "--preset", "article", "--config", "x"),
@@ -864,7 +866,8 @@ def test_try_config_overrides_decode_configs_and_restores_the_table() -> None:
 
 def test_benchmarks_time_the_shape_a_config_names(tmp_path: Path) -> None:
     """``--config``: a model the presets do not cover (Qwen2.5-1.5B's shape), its projections
-    timed on random weights, the ones the config table lacks on default_config's guesses."""
+    timed on random weights, the ones the config table lacks on default_config's guesses, and
+    attention on its head layout."""
     import argparse
     import dataclasses
 
@@ -886,6 +889,11 @@ def test_benchmarks_time_the_shape_a_config_names(tmp_path: Path) -> None:
         ("qkv_proj", 2048, 1536, True), ("o_proj", 1536, 1536, False), ("gate_up_proj", 17920, 1536, False),
         ("down_proj", 1536, 8960, False), ("lm_head", 151936, 1536, False),
     ]  # fmt: skip
+    from verify.bench.attention import SWEEP_MODELS, layout_of
+
+    assert layout_of(wider) == {"b": 1, "kv_heads": 2, "group": 6, "head_dim": 128}
+    for preset, layout in (("article", "article"), ("qwen2.5-0.5b", "qwen2.5"), ("qwen3-0.6b", "qwen3")):
+        assert layout_of(PRESETS[preset]) == SWEEP_MODELS[layout]
     # the model benchmark's --try-config is checked against the config's shapes, not a preset's
     run = cli(
         "verify.bench",

@@ -1,6 +1,6 @@
-"""``python -m verify.bench attention [--json PATH] [--sweep [--sweep-models NAMES]]``: the
-attention kernels against PyTorch SDPA on the article config (8 q heads, 2 kv heads, head_dim
-128, bf16, batch 1).
+"""``python -m verify.bench attention [--json PATH] [--config PATH | --sweep [--sweep-models NAMES]]``:
+the attention kernels against PyTorch SDPA on the article config (8 q heads, 2 kv heads, head_dim
+128, bf16, batch 1), or on the head layout of the model whose config ``--config`` names.
 
 Prefill (S = 256, 1024, 2048, causal, cache = S): achieved TFLOP/s on the causal FLOPs
 ``2 * 2 * B * Hq * S^2 * D / 2`` and % of the measured bf16 matmul peak. Decode (S = 1, cache
@@ -11,7 +11,7 @@ captured back to back in one CUDA Graph (how the model runs), decode with each l
 own copy of the cache, the copies together over 3x L2, so decode numbers are HBM numbers.
 Every timed config is first checked against the reference under the op's tolerance.
 
-Targets: prefill S=2048 at >= 70% of SDPA's speed; decode at cache 4096 at >= 70% of the copy
+Targets (reported for the article config only): prefill S=2048 at >= 70% of SDPA's speed; decode at cache 4096 at >= 70% of the copy
 bandwidth and faster than SDPA. ``--sweep`` times launch configs per shape and prints the best,
 on the article's, Qwen2.5-0.5B's and Qwen3-0.6B's head layouts (``--sweep-models`` narrows it).
 Exit 0: every config verified (targets are reported, not enforced); 1: a correctness failure.
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import registry
+from model.config import ModelConfig
 from ops import attention as ops_attention
 from verify import cli
 from verify.bench import timing
@@ -103,8 +104,8 @@ def _verdict(case: Case, impl: Callable | None = None) -> tuple[bool, str]:
 # ---- the comparison table ----------------------------------------------------------------------
 
 
-def bench_prefill(s: int, peak: float) -> dict:
-    case = _case(ARTICLE, s, 0)
+def bench_prefill(s: int, peak: float, model: dict = ARTICLE) -> dict:
+    case = _case(model, s, 0)
     passed, verdict = _verdict(case)
     q, k, v, seq_lens, scale = case.args
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -136,10 +137,10 @@ def _rotated(t: torch.Tensor, copies: int) -> torch.Tensor:
     return t.unsqueeze(0).repeat(copies, *([1] * t.dim()))
 
 
-def bench_decode(capacity: int, bandwidth: float, valid: int | None = None) -> dict:
+def bench_decode(capacity: int, bandwidth: float, valid: int | None = None, model: dict = ARTICLE) -> dict:
     """Decode over ``valid`` rows (default: every row) of a ``capacity``-row cache."""
     valid = valid or capacity
-    case = _case(ARTICLE, 1, valid - 1, slack=capacity - valid)
+    case = _case(model, 1, valid - 1, slack=capacity - valid)
     passed, verdict = _verdict(case)
     q, k, v, seq_lens, scale = case.args
     kv_bytes = 2 * k[:, :valid].numel() * k.element_size()
@@ -213,9 +214,24 @@ def _targets(rows: list[dict], bandwidth: float, launch_s: float) -> list[dict]:
     ]
 
 
-def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list[dict]) -> None:
+def layout_of(cfg: ModelConfig) -> dict:
+    """A model config's attention head layout, as ``_case`` takes it (batch 1)."""
+    return {
+        "b": 1,
+        "kv_heads": cfg.num_kv_heads,
+        "group": cfg.num_heads // cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+    }
+
+
+def _describe(name: str, model: dict) -> str:
+    heads = model["kv_heads"] * model["group"]
+    return f"{name} ({heads}/{model['kv_heads']} heads, D={model['head_dim']})"
+
+
+def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list[dict], layout: str) -> None:
     print(f"measured bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    print("\nprefill, article config (8/2 heads, D=128, batch 1, causal, cache = S)")
+    print(f"\nprefill, {layout}: batch 1, causal, cache = S")
     print(
         timing.table(
             ["shape", "check", "ours us", "SDPA us", "vs SDPA", "TFLOP/s", "% peak", "SDPA TFLOP/s", "SDPA"],
@@ -227,7 +243,7 @@ def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list
             ],
         )
     )  # fmt: skip
-    print("\ndecode, article config (S=1, batch 1, all rows valid unless said; caches rotated past 3x L2)")
+    print(f"\ndecode, {layout}: S=1, batch 1, all rows valid unless said; caches rotated past 3x L2")
     print(
         timing.table(
             ["shape", "check", "splits", "ours us", "SDPA us", "vs SDPA", "GB/s", "% bw", "SDPA GB/s",
@@ -241,7 +257,7 @@ def _print_tables(rows: list[dict], peak: float, bandwidth: float, targets: list
         )
     )  # fmt: skip
     print("\ntargets")
-    print(timing.targets_table(targets))
+    print(timing.targets_table(targets) if targets else "  stated for the article config: not reported")
     for r in rows:
         if not r["graphed"]:
             print(f"\n{r['kind']} {r['shape']}: CUDA Graph capture refused, timed by Python launches")
@@ -411,6 +427,12 @@ def main(argv: list[str]) -> int:
         help="time launch configs per shape instead (prefill and decode take a few minutes each)",
     )
     parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="a model's config.json, or its checkpoint directory: the comparison table on its head "
+        "layout instead of the article's",
+    )
+    parser.add_argument(
         "--sweep-models",
         metavar="NAMES",
         help=f"with --sweep, only these models' shapes (comma list of {', '.join(SWEEP_MODELS)})",
@@ -419,6 +441,10 @@ def main(argv: list[str]) -> int:
     cli.require_output_file(parser, "--json", args.json)
     if args.sweep_models is not None and not args.sweep:
         parser.error("--sweep-models: only with --sweep (the comparison table is the article config's)")
+    if args.config is not None and args.sweep:
+        parser.error("--config: not with --sweep (--sweep-models picks its head layouts)")
+    model = ARTICLE if args.config is None else layout_of(cli.shape_config(parser, args.config))
+    layout = _describe("article config" if args.config is None else f"config {args.config}", model)
     models = tuple(SWEEP_MODELS) if args.sweep_models is None else tuple(args.sweep_models.split(","))
     if unknown := sorted(set(models) - set(SWEEP_MODELS)):  # '' and 'qwen3,' name an empty model
         names = ", ".join(map(repr, unknown))
@@ -430,12 +456,18 @@ def main(argv: list[str]) -> int:
         code = 0
     else:
         peak, bandwidth = timing.bf16_matmul_peak(), timing.copy_bandwidth()
-        rows = [bench_prefill(s, peak) for s in PREFILL_S] + [bench_decode(n, bandwidth) for n in DECODE_L]
-        rows += [bench_decode(n, bandwidth, valid) for n, valid in DECODE_PARTIAL]
-        launch_s = timing.empty_launch_seconds()
-        targets = _targets(rows, bandwidth, launch_s)
-        _print_tables(rows, peak, bandwidth, targets)
-        data = {"peak_flops": peak, "bandwidth": bandwidth, "rows": rows, "targets": targets}
+        rows = [bench_prefill(s, peak, model) for s in PREFILL_S]
+        rows += [bench_decode(n, bandwidth, None, model) for n in DECODE_L]
+        rows += [bench_decode(n, bandwidth, valid, model) for n, valid in DECODE_PARTIAL]
+        targets = _targets(rows, bandwidth, timing.empty_launch_seconds()) if args.config is None else []
+        _print_tables(rows, peak, bandwidth, targets, layout)
+        data = {
+            "layout": layout,
+            "peak_flops": peak,
+            "bandwidth": bandwidth,
+            "rows": rows,
+            "targets": targets,
+        }
         code = 0 if all(r["passed"] for r in rows) else 1
     cli.write_json(args.json, data)
     return code
