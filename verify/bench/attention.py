@@ -11,9 +11,10 @@ captured back to back in one CUDA Graph (how the model runs), decode with each l
 own copy of the cache, the copies together over 3x L2, so decode numbers are HBM numbers.
 Every timed config is first checked against the reference under the op's tolerance.
 
-Targets (reported for the article config only): prefill S=2048 at >= 70% of SDPA's speed; decode at cache 4096 at >= 70% of the copy
-bandwidth and faster than SDPA. ``--sweep`` times launch configs per shape and prints the best,
-on the article's, Qwen2.5-0.5B's and Qwen3-0.6B's head layouts (``--sweep-models`` narrows it).
+Targets (reported for the article config only): prefill S=2048 at >= 70% of SDPA's speed;
+decode at cache 4096 at >= 70% of the copy bandwidth and faster than SDPA. ``--sweep`` times
+launch configs per shape and prints the best, on the article's, Qwen2.5-0.5B's and
+Qwen3-0.6B's head layouts (``--sweep-models`` narrows it).
 Exit 0: every config verified (targets are reported, not enforced); 1: a correctness failure.
 """
 
