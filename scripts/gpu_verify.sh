@@ -6,7 +6,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRITONCHECK_CACHE=${TRITONCHECK_CACHE:-/tmp/tritoncheck}
-STAGES="tests e2e bisect bench ops gemm gemm-decode sweep-decode thorough attention ab"
+STAGES="tests e2e bisect bench ops gemm gemm-decode sweep-decode thorough attention ab config"
 USAGE="usage: scripts/gpu_verify.sh [stage ...]; stages: $STAGES"
 stages=${*:-tests e2e bisect bench}
 case " $* " in *" -h "* | *" --help "*) echo "$USAGE"; exit 0 ;; esac
@@ -17,6 +17,9 @@ for stage in $stages; do  # every name (and what ab needs) checked before any st
     esac
     if [ "$stage" = ab ] && ! ls -d ab_*/ >/dev/null 2>&1; then
         echo "ab: no ab_*/ copies (git archive REV | tar -x -C ab_base)" >&2; exit 2
+    fi
+    if [ "$stage" = config ] && [ ! -e "${BENCH_CONFIG:-}" ]; then
+        echo "config: BENCH_CONFIG must name a model's config.json or checkpoint directory" >&2; exit 2
     fi
 done
 OUT=${OUT:-out}
@@ -85,6 +88,15 @@ for stage in $stages; do
             for log in "$OUT"/ab-*.log; do
                 echo "$(basename "$log" .log): $(grep '^triton + CUDA graph ' "$log")"
             done | tee -a "$OUT/summary.txt" ;;
+        # the three benchmarks on another model's shape ($BENCH_CONFIG: its config.json or
+        # checkpoint directory; random weights of that shape): which GEMM configs the table lacks
+        # and how default_config's guesses for them do, its decode step, its attention layout
+        config)
+            run config-gemm 200 python -m verify.bench gemm --config "$BENCH_CONFIG" --json "$OUT/config-gemm.json"
+            run config-model 300 python -m verify.bench model --config "$BENCH_CONFIG" --skip eager,reference \
+                --profile --json "$OUT/config-model.json"
+            run config-attention 150 python -m verify.bench attention --config "$BENCH_CONFIG" \
+                --json "$OUT/config-attention.json" ;;
         *) echo "$USAGE (no rule for: $stage)" >&2; exit 2 ;;
     esac
 done

@@ -36,6 +36,13 @@ def test_ab_without_copies_to_time_is_refused_before_any_stage_runs(tmp_path: Pa
     assert not (tmp_path / "out").exists()
 
 
+def test_config_without_a_config_to_time_is_refused_before_any_stage_runs(tmp_path: Path) -> None:
+    done = run_in_bare_copy(tmp_path, "gemm", "config")
+    assert done.returncode == 2
+    assert "config: BENCH_CONFIG must name" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_help_lists_the_stages_that_have_a_rule_and_runs_none(tmp_path: Path) -> None:
     done = run_in_bare_copy(tmp_path, "--help")
     assert done.returncode == 0
