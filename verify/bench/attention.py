@@ -30,17 +30,28 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import registry
-from model.config import ModelConfig
+from model.config import PRESETS, ModelConfig
 from ops import attention as ops_attention
 from verify import cli
 from verify.bench import timing
 from verify.cases import Case
 from verify.compare import check
 
-ARTICLE = {"b": 1, "kv_heads": 2, "group": 4, "head_dim": 128}  # 8 q heads, 2 kv heads
-QWEN25 = {"b": 1, "kv_heads": 2, "group": 7, "head_dim": 64}  # Qwen2.5-0.5B: 14 q heads, 2 kv heads
-QWEN3 = {"b": 1, "kv_heads": 8, "group": 2, "head_dim": 128}  # Qwen3-0.6B: 16 q heads, 8 kv heads
-SWEEP_MODELS = {"article": ARTICLE, "qwen2.5": QWEN25, "qwen3": QWEN3}
+
+def layout_of(cfg: ModelConfig) -> dict:
+    """A model config's attention head layout, as ``_case`` takes it (batch 1)."""
+    return {
+        "b": 1,
+        "kv_heads": cfg.num_kv_heads,
+        "group": cfg.num_heads // cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+    }
+
+
+# the article (8/2 heads x 128), Qwen2.5-0.5B (14/2 x 64) and Qwen3-0.6B (16/8 x 128) layouts
+SWEEP_MODELS = {name: layout_of(PRESETS[preset]) for name, preset in
+                (("article", "article"), ("qwen2.5", "qwen2.5-0.5b"), ("qwen3", "qwen3-0.6b"))}  # fmt: skip
+ARTICLE = SWEEP_MODELS["article"]
 PREFILL_S = (256, 1024, 2048)
 DECODE_L = (256, 1024, 4096, 16384, 32768)
 DECODE_PARTIAL = ((32768, 1024), (32768, 4096))  # (cache capacity, valid rows)
@@ -105,7 +116,7 @@ def _verdict(case: Case, impl: Callable | None = None) -> tuple[bool, str]:
 # ---- the comparison table ----------------------------------------------------------------------
 
 
-def bench_prefill(s: int, peak: float, model: dict = ARTICLE) -> dict:
+def bench_prefill(model: dict, s: int, peak: float) -> dict:
     case = _case(model, s, 0)
     passed, verdict = _verdict(case)
     q, k, v, seq_lens, scale = case.args
@@ -138,7 +149,7 @@ def _rotated(t: torch.Tensor, copies: int) -> torch.Tensor:
     return t.unsqueeze(0).repeat(copies, *([1] * t.dim()))
 
 
-def bench_decode(capacity: int, bandwidth: float, valid: int | None = None, model: dict = ARTICLE) -> dict:
+def bench_decode(model: dict, capacity: int, bandwidth: float, valid: int | None = None) -> dict:
     """Decode over ``valid`` rows (default: every row) of a ``capacity``-row cache."""
     valid = valid or capacity
     case = _case(model, 1, valid - 1, slack=capacity - valid)
@@ -213,16 +224,6 @@ def _targets(rows: list[dict], bandwidth: float, launch_s: float) -> list[dict]:
             "met": not trusted(decode) and decode["speed_vs_sdpa"] > 1,
         },
     ]
-
-
-def layout_of(cfg: ModelConfig) -> dict:
-    """A model config's attention head layout, as ``_case`` takes it (batch 1)."""
-    return {
-        "b": 1,
-        "kv_heads": cfg.num_kv_heads,
-        "group": cfg.num_heads // cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-    }
 
 
 def _describe(name: str, model: dict) -> str:
@@ -457,9 +458,9 @@ def main(argv: list[str]) -> int:
         code = 0
     else:
         peak, bandwidth = timing.bf16_matmul_peak(), timing.copy_bandwidth()
-        rows = [bench_prefill(s, peak, model) for s in PREFILL_S]
-        rows += [bench_decode(n, bandwidth, None, model) for n in DECODE_L]
-        rows += [bench_decode(n, bandwidth, valid, model) for n, valid in DECODE_PARTIAL]
+        rows = [bench_prefill(model, s, peak) for s in PREFILL_S]
+        rows += [bench_decode(model, n, bandwidth) for n in DECODE_L]
+        rows += [bench_decode(model, n, bandwidth, valid) for n, valid in DECODE_PARTIAL]
         targets = _targets(rows, bandwidth, timing.empty_launch_seconds()) if args.config is None else []
         _print_tables(rows, peak, bandwidth, targets, layout)
         data = {
