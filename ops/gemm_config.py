@@ -208,21 +208,24 @@ def k_pieces(k: int, block_k: int) -> tuple[int, int]:
 
 
 # A guessed M=1 decode config with K > 1024 reads at most this many weight elements a program a
-# step, in chunks of at most DECODE_MAX_K: the measured picks' sizes (n8 k1024, n2 k4096). At 4
-# warps a k8192 chunk held 147 registers (x's 64 elements a thread beside the weight's), and at 8
-# the 256-wide piece of K = 8960 was read in 2-byte loads (scripts/compile_sm90.py, 2026-12-07).
+# step: the measured picks' sizes (n8 k1024, n2 k4096). One step is at most DECODE_MAX_K wide (at
+# 4 warps a k8192 chunk held 147 registers, x's 64 elements a thread beside the weight's; at 8 the
+# 256-wide piece of K = 8960 was read in 2-byte loads: scripts/compile_sm90.py, 2026-12-07); a K
+# that takes several steps walks DECODE_STEP_K at a time (Qwen2.5-1.5B's down_proj, K = 8960, in
+# the H100's decode step: 1.338 ms/token in 2048-wide steps vs 1.367 in 4096-wide, 2026-12-07).
 DECODE_ELEMENTS = 8192
 DECODE_MAX_K = 4096
+DECODE_STEP_K = 2048
 
 
 def _decode_block_k(k: int) -> int:
     """BLOCK_K for an M=1 row of K > 1024: one step where it can be (K's power of two, masked
-    where K fills at least 3/4 of it; or a power of two plus whole pieces), else the widest chunk."""
+    where K fills at least 3/4 of it; or a power of two plus whole pieces), else DECODE_STEP_K."""
     full = triton.next_power_of_2(k)
     if full <= DECODE_MAX_K and 4 * k >= 3 * full:
         return full
     below = full // 2
-    return below if below <= DECODE_MAX_K and k_pieces(k, below)[0] else DECODE_MAX_K
+    return below if below <= DECODE_MAX_K and k_pieces(k, below)[0] else DECODE_STEP_K
 
 
 def default_config(m: int, n: int, k: int) -> GemmConfig:
