@@ -51,7 +51,6 @@ def layout_of(cfg: ModelConfig) -> dict:
 # the article (8/2 heads x 128), Qwen2.5-0.5B (14/2 x 64) and Qwen3-0.6B (16/8 x 128) layouts
 SWEEP_MODELS = {name: layout_of(PRESETS[preset]) for name, preset in
                 (("article", "article"), ("qwen2.5", "qwen2.5-0.5b"), ("qwen3", "qwen3-0.6b"))}  # fmt: skip
-ARTICLE = SWEEP_MODELS["article"]
 PREFILL_S = (256, 1024, 2048)
 DECODE_L = (256, 1024, 4096, 16384, 32768)
 DECODE_PARTIAL = ((32768, 1024), (32768, 4096))  # (cache capacity, valid rows)
@@ -445,7 +444,7 @@ def main(argv: list[str]) -> int:
         parser.error("--sweep-models: only with --sweep (the comparison table is the article config's)")
     if args.config is not None and args.sweep:
         parser.error("--config: not with --sweep (--sweep-models picks its head layouts)")
-    model = ARTICLE if args.config is None else layout_of(cli.shape_config(parser, args.config))
+    model = layout_of(PRESETS["article"] if args.config is None else cli.shape_config(parser, args.config))
     layout = _describe("article config" if args.config is None else f"config {args.config}", model)
     models = tuple(SWEEP_MODELS) if args.sweep_models is None else tuple(args.sweep_models.split(","))
     if unknown := sorted(set(models) - set(SWEEP_MODELS)):  # '' and 'qwen3,' name an empty model
