@@ -54,8 +54,10 @@ for stage in $stages; do
                 --against reference --json "$OUT/e2e-long-cache.json" ;;
         bisect) run bisect 70 python -m verify.bisect --layer --model article --json "$OUT/bisect.json" \
             --plot "$OUT/bisect.png" ;;
-        # every registered op through verify.op, gpu profile, ending with its one-table summary
-        ops) run ops 300 python -m verify.op --all --json "$OUT/ops.json" ;;
+        # every registered op through verify.op, gpu profile, ending with its one-table summary;
+        # 124-192 s after `tests` has filled the kernel cache, but on a fresh machine it compiles
+        # every variant itself, one process: past 300 s on the H100 (2026-12-07, 16 of 19 ops)
+        ops) run ops 540 python -m verify.op --all --json "$OUT/ops.json" ;;
         bench) run bench 300 python -m verify.bench model --preset article --skip eager,reference --profile \
             --json "$OUT/model.json" ;;
         gemm) run gemm 200 python -m verify.bench gemm --preset all --json "$OUT/gemm.json" ;;
