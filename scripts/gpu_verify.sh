@@ -56,7 +56,7 @@ for stage in $stages; do
             --plot "$OUT/bisect.png" ;;
         # every registered op through verify.op, gpu profile, ending with its one-table summary;
         # 124-192 s after `tests` has filled the kernel cache, but on a fresh machine it compiles
-        # every variant itself, one process: past 300 s on the H100 (2026-12-07, 16 of 19 ops)
+        # every variant itself, one process: 311 s for all 19 ops on a fresh H100 (2026-12-07)
         ops) run ops 540 python -m verify.op --all --json "$OUT/ops.json" ;;
         bench) run bench 300 python -m verify.bench model --preset article --skip eager,reference --profile \
             --json "$OUT/model.json" ;;
