@@ -42,8 +42,8 @@ for stage in $stages; do
     case $stage in
         # the kernel-running tests; the CPU-only ones (interpreter patch, CLI subprocesses, HF
         # oracle in fp32, building the embedded checkpoint) add nothing on the GPU, but for the
-        # injected op that faults the GPU inside verify.e2e and verify.bisect. 204-248 s on a
-        # filled kernel cache; a fresh machine compiles every kernel: 322 s (H100, 2026-12-07)
+        # injected op that faults the GPU inside verify.e2e and verify.bisect. A fresh machine
+        # compiles every kernel, and that varies: 204-248 s, 322 s once, and once past 330 s
         tests) run tests 480 python -m pytest -n 16 -q -p no:cacheprovider --durations=12 tests/test_ops.py tests/test_compare.py \
             tests/test_model.py tests/test_gemm.py tests/test_attention.py tests/test_fused_linear.py \
             tests/test_rope_kv_store.py tests/test_strategy_reach.py tests/test_rounding.py tests/test_embedding.py tests/test_aliasing.py \
